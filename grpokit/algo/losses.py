@@ -1,0 +1,134 @@
+"""The clipped policy objective of GRPO and its published variants, as one pure function.
+
+    ratio_t = exp(logp_t - old_logp_t)                      (token level, PPO/GRPO)
+            = exp(mean_t(logp_t - old_logp_t))              (sequence level, GSPO)
+    L_t     = -min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
+              + beta * (exp(ref_t - logp_t) - (ref_t - logp_t) - 1)     (k3 KL estimator)
+
+and the per-token terms are aggregated according to ``loss_type``:
+
+    grpo     mean over each sequence's tokens, then mean over sequences
+             (Shao et al. 2024, arXiv:2402.03300)
+    bnpo     sum over the micro-batch's tokens / its token count
+    dr_grpo  sum over tokens / (sequences * max_completion_length)
+             (Liu et al. 2025, "Understanding R1-Zero-like training", arXiv:2503.20783)
+    dapo     sum over tokens / tokens of the whole generation batch, all ranks
+             (Yu et al. 2025, DAPO, arXiv:2503.14476)
+
+GSPO: Zheng et al. 2025, arXiv:2507.18071. Clip-higher (epsilon_high > epsilon_low): DAPO.
+
+Micro-batching. To make a micro-batch's loss its exact share of the whole batch's loss
+(so the sum of micro-batch losses equals the full-batch loss), pass ``num_sequences``
+(sequences in the whole batch, all ranks) for ``grpo`` / ``dr_grpo`` and ``num_tokens``
+(completion tokens in the whole batch, all ranks) for ``dapo``. ``bnpo`` is by definition
+a per-micro-batch mean; the caller averages it over micro-batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    ref_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_type: str = "dapo",
+    epsilon_low: float = 0.2,
+    epsilon_high: float | None = None,
+    beta: float = 0.0,
+    importance_sampling_level: str = "token",
+    max_completion_length: int | None = None,
+    num_sequences: float | None = None,
+    num_tokens: float | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped surrogate plus KL penalty, masked to completion tokens.
+
+    Args:
+        logp: (N, T) log-probs of the sampled tokens under the policy being trained.
+        old_logp: (N, T) log-probs under the policy that sampled them; ``None`` means
+            the same as ``logp`` detached (one update per generation batch).
+        ref_logp: (N, T) log-probs under the reference model; required when beta > 0.
+        advantages: (N,) one advantage per completion.
+        mask: (N, T) 1 for completion tokens that count, 0 for padding.
+        loss_type: one of ``LOSS_TYPES``.
+        epsilon_low, epsilon_high: clip range [1 - eps_low, 1 + eps_high]; eps_high
+            defaults to eps_low.
+        beta: KL coefficient.
+        importance_sampling_level: ``"token"`` (GRPO) or ``"sequence"`` (GSPO).
+        max_completion_length: L for ``dr_grpo``; defaults to T.
+        num_sequences: sequences in the whole batch (``grpo``, ``dr_grpo``); default N.
+        num_tokens: completion tokens in the whole batch (``dapo``); default mask.sum().
+        entropy: optional (N, T) token entropies, only reported.
+
+    Returns:
+        ``(loss, metrics)``: scalar loss; metrics are detached scalars: ``kl``,
+        ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``,
+        ``entropy`` (when given), each a mean over completion tokens.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
+            f"got {importance_sampling_level!r}"
+        )
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs)")
+    eps_high = epsilon_low if epsilon_high is None else epsilon_high
+    mask = mask.to(logp.dtype)
+    n_seq, T = logp.shape
+    old = logp.detach() if old_logp is None else old_logp
+    tok_count = mask.sum(-1)  # (N,)
+
+    log_ratio = logp - old  # (N, T)
+    if importance_sampling_level == "sequence":
+        seq_lr = (log_ratio * mask).sum(-1) / tok_count.clamp(min=1.0)  # (N,)
+        log_ratio = seq_lr.unsqueeze(-1).expand_as(logp)  # one ratio per sequence
+    ratio = torch.exp(log_ratio)  # (N, T)
+    clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + eps_high)
+    adv = advantages.to(logp.dtype).unsqueeze(-1)  # (N, 1)
+    per_token = -torch.min(ratio * adv, clipped * adv)  # (N, T)
+
+    kl = None
+    if ref_logp is not None:
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1.0  # (N, T), k3 estimator, >= 0
+        if beta > 0:
+            per_token = per_token + beta * kl
+
+    per_token = per_token * mask
+    if loss_type == "grpo":
+        denom = float(n_seq if num_sequences is None else num_sequences)
+        loss = (per_token.sum(-1) / tok_count.clamp(min=1.0)).sum() / denom
+    elif loss_type == "bnpo":
+        loss = per_token.sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        L = T if max_completion_length is None else max_completion_length
+        denom = float(n_seq if num_sequences is None else num_sequences)
+        loss = per_token.sum() / (denom * L)
+    else:  # dapo
+        denom = mask.sum().clamp(min=1.0) if num_tokens is None else float(max(num_tokens, 1))
+        loss = per_token.sum() / denom
+
+    with torch.no_grad():
+        n_tok = mask.sum().clamp(min=1.0)
+        a = adv.expand_as(ratio)
+        low = ((ratio < 1.0 - epsilon_low) & (a < 0)).to(mask.dtype) * mask
+        high = ((ratio > 1.0 + eps_high) & (a > 0)).to(mask.dtype) * mask
+        metrics = {
+            "clip_ratio/low_mean": low.sum() / n_tok,
+            "clip_ratio/high_mean": high.sum() / n_tok,
+            "clip_ratio/region_mean": (low + high).sum() / n_tok,
+            "kl": (kl * mask).sum() / n_tok if kl is not None else torch.zeros(()),
+        }
+        if entropy is not None:
+            metrics["entropy"] = (entropy * mask).sum() / n_tok
+    return loss, metrics
