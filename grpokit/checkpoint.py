@@ -1,0 +1,149 @@
+"""Atomic checkpoints and exact resume.
+
+A checkpoint ``OUTPUT_DIR/checkpoint-N/`` holds the model (a transformers directory, or a
+peft adapter), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` (python, numpy, torch),
+``trainer_state.json`` (step counters, data order and position), ``config.yaml`` and, when
+the reference model has been synced, ``ref_model.pt``. It is written to a hidden temporary
+directory and renamed into place, so a crash leaves either the whole checkpoint or none.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a complete one has its trainer_state.json)."""
+    d = Path(output_dir)
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _CKPT_RE.match(p.name)
+        if m and p.is_dir() and (p / STATE_FILE).is_file():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(output_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def save_checkpoint(
+    output_dir: str | Path,
+    step: int,
+    *,
+    model,
+    tokenizer,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    ref_model=None,
+    save_total_limit: int | None = None,
+) -> Path:
+    out = Path(output_dir)
+    final = out / f"checkpoint-{step}"
+    tmp = out / f".checkpoint-{step}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    if ref_model is not None:
+        torch.save(ref_model.state_dict(), tmp / "ref_model.pt")
+    (tmp / "config.yaml").write_text(config_yaml)
+    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))  # written last
+    if final.exists():  # a checkpoint of the same step from an earlier attempt
+        old = out / f".checkpoint-{step}.old"
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(final)
+    if save_total_limit:
+        ckpts = list_checkpoints(out)
+        for p in ckpts[: max(0, len(ckpts) - save_total_limit)]:
+            if p != final:
+                shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def _read_safetensors_dir(path: Path, pattern: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    sd: dict[str, torch.Tensor] = {}
+    files = sorted(path.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no {pattern} in checkpoint {path}")
+    for f in files:
+        sd.update(load_file(str(f)))
+    return sd
+
+
+def load_model_weights(model, ckpt: Path, is_peft: bool) -> None:
+    """Load the checkpoint's weights into an already-built model (same architecture)."""
+    if is_peft:
+        from peft import set_peft_model_state_dict
+
+        sd = _read_safetensors_dir(ckpt, "adapter_model*.safetensors")
+        res = set_peft_model_state_dict(model, sd)
+        unexpected = getattr(res, "unexpected_keys", [])
+        if unexpected:
+            raise RuntimeError(f"checkpoint {ckpt} adapter has unexpected keys {unexpected[:5]}")
+        return
+    sd = _read_safetensors_dir(ckpt, "model*.safetensors")
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    tied = set()
+    if getattr(model.config, "tie_word_embeddings", False):
+        tied = {k for k in missing if "lm_head" in k}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(
+            f"checkpoint {ckpt} does not match the model: missing {sorted(set(missing) - tied)[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+
+
+def load_trainer_files(ckpt: Path) -> dict[str, Any]:
+    return {
+        "state": json.loads((ckpt / STATE_FILE).read_text()),
+        "optimizer": torch.load(ckpt / "optimizer.pt", weights_only=False),
+        "scheduler": torch.load(ckpt / "scheduler.pt", weights_only=False),
+        "rng": torch.load(ckpt / "rng.pt", weights_only=False),
+        "ref_model": torch.load(ckpt / "ref_model.pt", weights_only=False)
+        if (ckpt / "ref_model.pt").exists()
+        else None,
+        "config_yaml": (ckpt / "config.yaml").read_text(),
+    }

@@ -1,0 +1,218 @@
+"""``grpokit train | eval | generate`` (also ``python -m grpokit``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_RECIPE = REPO_ROOT / "recipes" / "default.yaml"
+
+
+def _split_resume(rest: list[str]) -> tuple[list[str], str | bool | None]:
+    """Pull ``--resume [PATH]`` out of the override list."""
+    out, resume, i = [], None, 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--resume":
+            if i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+                resume, i = rest[i + 1], i + 2
+            else:
+                resume, i = True, i + 1
+            continue
+        if a.startswith("--resume="):
+            resume = a.split("=", 1)[1]
+        else:
+            out.append(a)
+        i += 1
+    return out, resume
+
+
+def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.config import ConfigError, load_config, save_config
+
+    recipe = args.recipe
+    if recipe is None:
+        recipe = str(DEFAULT_RECIPE)
+        print(f"[grpokit] no recipe given: running the default recipe {recipe}", flush=True)
+    overrides, resume = _split_resume(rest)
+    dry_run = "--dry-run" in overrides or "--dry_run" in overrides
+    overrides = [o for o in overrides if o not in ("--dry-run", "--dry_run")]
+    try:
+        cfg = load_config(recipe, overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if dry_run:
+        print(json.dumps(cfg.to_dict(), indent=1))
+        return 0
+    out = Path(cfg.output_dir)
+    if resume is None and out.is_dir() and any(out.glob("checkpoint-*")):
+        print(
+            f"output_dir {out} already holds checkpoints; add --resume to continue that run, "
+            "or choose another --output_dir",
+            file=sys.stderr,
+        )
+        return 2
+    from grpokit.trainer import GRPOTrainer
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    trainer = GRPOTrainer(cfg, resume=resume)
+    result = trainer.train()
+    return 130 if result.get("stopped") else 0
+
+
+def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.evaluation import evaluate, format_comparison, save_eval
+    from grpokit.models import load_model_and_tokenizer
+    from grpokit.rewards import get_reward_funcs
+    from grpokit.rollout.hf import HFRolloutEngine
+    from grpokit.tasks import get_task
+
+    params = {}
+    if args.task_params:
+        params = json.loads(args.task_params)
+    task = get_task(
+        args.task,
+        dataset_name=args.dataset_name,
+        system_prompt=args.system_prompt,
+        seed=args.seed,
+        **params,
+    )
+    rows = task.build(args.split, limit=args.max_eval_samples)
+    funcs = get_reward_funcs(list(task.default_reward_funcs))
+    models = args.compare if args.compare else [args.model]
+    results = {}
+    for spec in models:
+        model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype)
+        print(
+            f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts",
+            flush=True,
+        )
+        r = evaluate(
+            HFRolloutEngine(model, tok),
+            task,
+            rows,
+            funcs,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_completion_length,
+            num_samples=args.num_samples,
+            temperature=args.temperature,
+        )
+        results[spec] = r
+    print(format_comparison(results))
+    if args.output:
+        save_eval(results if len(results) > 1 else results[models[0]], args.output)
+        print(f"saved {args.output}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.data import render_prompts, tokenize_prompts
+    from grpokit.models import load_model_and_tokenizer
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.hf import HFRolloutEngine
+
+    prompts = list(args.prompts)
+    if args.file:
+        prompts += [ln.strip() for ln in Path(args.file).read_text().splitlines() if ln.strip()]
+    if not prompts:
+        print("give a prompt, or --file with one prompt per line", file=sys.stderr)
+        return 2
+    system = args.system_prompt
+    if system is None and args.task:
+        from grpokit.tasks import get_task
+
+        t = get_task(args.task)
+        system = t.system_prompt if t.system_prompt is not None else t.default_system_prompt
+    model, tok, src = load_model_and_tokenizer(args.model, dtype=args.torch_dtype)
+    msgs = [
+        ([{"role": "system", "content": system}] if system else [])
+        + [{"role": "user", "content": p}]
+        for p in prompts
+    ]
+    ids, mask = tokenize_prompts(tok, render_prompts(tok, msgs), None)
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        greedy=args.greedy,
+    )
+    ro = HFRolloutEngine(model, tok).generate(ids, mask, params, num_generations=args.num_samples)
+    for i, text in enumerate(ro.texts):
+        print(
+            f"=== prompt {i // args.num_samples + 1}, sample {i % args.num_samples + 1}\n{text}\n"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpokit", description="GRPO fine-tuning on verifiable tasks")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser(
+        "train",
+        help="train with a recipe; --key value overrides any config key",
+        description="grpokit train [RECIPE.yaml] [--resume [CKPT]] [--dry-run] [--key value ...]",
+    )
+    t.add_argument("recipe", nargs="?", default=None)
+    e = sub.add_parser("eval", help="evaluate a model on a task's held-out split")
+    e.add_argument("model", nargs="?", default=None)
+    e.add_argument("--compare", nargs="+", metavar="MODEL")
+    e.add_argument("--task", default="gsm8k")
+    e.add_argument("--task_params", default=None, help="JSON, e.g. '{\"digits\": 2}'")
+    e.add_argument("--dataset_name", default=None)
+    e.add_argument("--system_prompt", default=None)
+    e.add_argument("--split", default="test")
+    e.add_argument("--max_eval_samples", type=int, default=200)
+    e.add_argument("--num_samples", type=int, default=1, help="k for pass@k (sampled)")
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max_completion_length", type=int, default=256)
+    e.add_argument("--batch_size", type=int, default=32)
+    e.add_argument("--torch_dtype", default="float32")
+    e.add_argument("--seed", type=int, default=42)
+    e.add_argument("--output", default=None, help="write results as JSON")
+    g = sub.add_parser("generate", help="sample from a model with the training chat template")
+    g.add_argument("model")
+    g.add_argument("prompts", nargs="*")
+    g.add_argument("--file")
+    g.add_argument("--task", default=None, help="use this task's system prompt")
+    g.add_argument("--system_prompt", default=None)
+    g.add_argument("--max_new_tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top_p", type=float, default=1.0)
+    g.add_argument("--greedy", action="store_true")
+    g.add_argument("--num_samples", type=int, default=1)
+    g.add_argument("--torch_dtype", default="float32")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["train"]
+    logging.basicConfig(level=logging.INFO, format="[grpokit] %(message)s")
+    warnings.filterwarnings("default", module="grpokit")
+    parser = build_parser()
+    if argv[0] == "train":  # train takes free-form --key value overrides: parse by hand
+        if any(a in ("-h", "--help") for a in argv[1:]):
+            parser.parse_args(["train", "--help"])
+        has_recipe = len(argv) > 1 and not argv[1].startswith("--")
+        args = argparse.Namespace(cmd="train", recipe=argv[1] if has_recipe else None)
+        return cmd_train(args, argv[2:] if has_recipe else argv[1:])
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    if args.cmd == "eval":
+        if not args.model and not args.compare:
+            parser.error("eval needs MODEL or --compare A B")
+        return cmd_eval(args, rest)
+    return cmd_generate(args, rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,432 @@
+"""One validated, frozen run configuration, from a YAML recipe plus CLI overrides.
+
+Keys keep the names of TRL's ``GRPOConfig`` and open-r1 recipes. An unknown key is an
+error naming the closest valid key; a TRL/transformers key that grpokit deliberately
+ignores is a warning. Batch arithmetic that cannot work is refused here, before any
+model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import types
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot work; the message names the problem and the fix."""
+
+
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_min_lr",
+    "constant",
+    "constant_with_warmup",
+)
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
+
+# Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
+IGNORED_KEYS = {
+    "push_to_hub": "grpokit does not upload; push the final model with huggingface_hub",
+    "hub_model_id": "grpokit does not upload",
+    "hub_strategy": "grpokit does not upload",
+    "hub_private_repo": "grpokit does not upload",
+    "overwrite_output_dir": "grpokit never deletes an output_dir; use --resume or a new one",
+    "fp16": "use torch_dtype: float16",
+    "tf32": "not used on CPU",
+    "do_eval": "evaluation runs before/after training and every eval_steps",
+    "eval_strategy": "set eval_steps (0 disables periodic evaluation)",
+    "save_strategy": "set save_steps",
+    "logging_strategy": "set logging_steps",
+    "logging_first_step": "step 1 is always logged",
+    "log_level": "not used",
+    "run_name": "the output_dir names the run",
+    "remove_unused_columns": "grpokit passes every dataset column to the rewards",
+    "dataloader_num_workers": "data is in memory",
+    "dataloader_drop_last": "not used",
+    "ddp_find_unused_parameters": "not used",
+    "attn_implementation": "transformers picks the attention kernel",
+    "model_revision": "not supported yet; pin with a local directory",
+    "use_liger_kernel": "not available on CPU",
+    "log_completions_steps": "completions are logged every logging_steps",
+    "num_completions_to_print": "see log_completions",
+    "wandb_log_unique_prompts": "not used",
+    "use_vllm": "the vLLM engine is not available yet; the HF engine is used",
+    "vllm_mode": "the vLLM engine is not available yet",
+    "vllm_gpu_memory_utilization": "the vLLM engine is not available yet",
+    "vllm_server_host": "the vLLM engine is not available yet",
+    "vllm_server_port": "the vLLM engine is not available yet",
+    "ddp_timeout": "not used",
+    "eval_on_start": "evaluation before training is on when max_eval_samples > 0",
+}
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Everything a run needs. Field names follow TRL's GRPOConfig where TRL has one."""
+
+    # model
+    model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    torch_dtype: str = "float32"
+    bf16: bool = False  # mixed precision: fp32 master weights, bf16 autocast for forward passes
+    chat_template: str | None = None
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    use_peft: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: str | list | None = None  # None = all linear layers
+    merge_lora: bool = True
+
+    # task and data
+    task: str = "gsm8k"
+    task_params: dict = field(default_factory=dict)
+    dataset_name: str | None = None
+    dataset_config: str | None = None
+    dataset_train_split: str = "train"
+    dataset_test_split: str = "test"
+    system_prompt: str | None = None
+    max_train_samples: int | None = None
+    prompt_truncation: str = "truncate"  # or "error"
+
+    # rewards
+    reward_funcs: list | None = None  # None: the task's defaults
+    reward_weights: list | None = None
+    reward_errors: str = "raise"  # or "skip"
+
+    # generation
+    num_generations: int = 8
+    max_prompt_length: int | None = 512
+    max_completion_length: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    repetition_penalty: float = 1.0
+
+    # GRPO objective
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    loss_type: str = "dapo"
+    scale_rewards: str | bool = "group"
+    importance_sampling_level: str = "token"
+    num_iterations: int = 1
+    mask_truncated_completions: bool = False
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+
+    # optimisation
+    learning_rate: float = 1e-6
+    lr_scheduler_type: str = "linear"
+    lr_scheduler_kwargs: dict = field(default_factory=dict)
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    max_grad_norm: float = 1.0
+    max_steps: int = -1
+    num_train_epochs: float = 1.0
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    seed: int = 42
+    torch_num_threads: int | None = None
+
+    # evaluation
+    eval_steps: int = 0
+    max_eval_samples: int = 200
+    per_device_eval_batch_size: int = 32
+    eval_max_completion_length: int | None = None
+
+    # output and logging
+    output_dir: str = "outputs/run"
+    logging_steps: int = 1
+    save_steps: int = 50
+    save_total_limit: int | None = None
+    report_to: str | list = "none"
+    log_completions: bool = False
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def world_size(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    @property
+    def completions_per_step(self) -> int:
+        """Completions in one generation batch = one optimizer step, all ranks."""
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.completions_per_step // self.num_generations
+
+    @property
+    def scale_rewards_mode(self) -> str:
+        if self.scale_rewards is True:
+            return "group"
+        if self.scale_rewards is False:
+            return "none"
+        return self.scale_rewards
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+
+# ---------------------------------------------------------------------- validation
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _validate(c: GRPOConfig) -> None:
+    _check(c.torch_dtype in DTYPES, f"torch_dtype={c.torch_dtype!r}: use one of {DTYPES}")
+    _check(c.loss_type in LOSS_TYPES, f"loss_type={c.loss_type!r}: use one of {LOSS_TYPES}")
+    _check(
+        c.scale_rewards_mode in ("group", "batch", "none"),
+        f"scale_rewards={c.scale_rewards!r}: use group, batch, none (or true/false)",
+    )
+    _check(
+        c.importance_sampling_level in ("token", "sequence"),
+        f"importance_sampling_level={c.importance_sampling_level!r}: use token or sequence (GSPO)",
+    )
+    _check(
+        c.lr_scheduler_type in SCHEDULERS,
+        f"lr_scheduler_type={c.lr_scheduler_type!r}: use one of {SCHEDULERS}",
+    )
+    _check(c.prompt_truncation in ("truncate", "error"), "prompt_truncation: use truncate or error")
+    _check(c.reward_errors in ("raise", "skip"), "reward_errors: use raise or skip")
+    reports = [c.report_to] if isinstance(c.report_to, str) else list(c.report_to)
+    for r in reports:
+        _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
+    _check(c.learning_rate > 0, f"learning_rate={c.learning_rate} must be > 0")
+    _check(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio} must be in [0, 1)")
+    _check(c.epsilon > 0, f"epsilon={c.epsilon} must be > 0 (the PPO clip range, e.g. 0.2)")
+    _check(
+        c.epsilon_high is None or c.epsilon_high > 0,
+        f"epsilon_high={c.epsilon_high} must be > 0 (DAPO uses 0.28)",
+    )
+    _check(c.beta >= 0, f"beta={c.beta} must be >= 0 (0 disables the KL term)")
+    _check(c.temperature > 0, f"temperature={c.temperature} must be > 0 (sampling needs it)")
+    _check(0 < c.top_p <= 1, f"top_p={c.top_p} must be in (0, 1]")
+    _check(c.top_k is None or c.top_k >= 0, f"top_k={c.top_k} must be >= 0 (0 or null: off)")
+    _check(c.max_completion_length >= 1, "max_completion_length must be >= 1")
+    _check(
+        c.max_prompt_length is None or c.max_prompt_length >= 1,
+        "max_prompt_length must be >= 1 or null",
+    )
+    _check(c.num_iterations >= 1, f"num_iterations={c.num_iterations} must be >= 1")
+    _check(c.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 disables clipping)")
+    _check(c.logging_steps >= 1, "logging_steps must be >= 1")
+    _check(c.save_steps >= 0, "save_steps must be >= 0 (0: only the final save)")
+    _check(c.eval_steps >= 0, "eval_steps must be >= 0 (0: no periodic evaluation)")
+    _check(c.max_eval_samples >= 0, "max_eval_samples must be >= 0")
+    _check(
+        c.save_total_limit is None or c.save_total_limit >= 1,
+        "save_total_limit must be >= 1 or null",
+    )
+    _check(
+        c.max_steps > 0 or c.num_train_epochs > 0,
+        "set max_steps > 0 or num_train_epochs > 0 so that the run has some length",
+    )
+    _check(0 <= c.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]")
+    _check(c.ref_model_sync_steps >= 1, "ref_model_sync_steps must be >= 1")
+    _check(
+        not (c.sync_ref_model and c.use_peft),
+        "sync_ref_model with use_peft: the reference is the base model with the adapter "
+        "disabled, which cannot be mixed; turn one of them off",
+    )
+    _check(c.lora_r >= 1 and c.lora_alpha > 0, "lora_r must be >= 1 and lora_alpha > 0")
+    _check(
+        c.per_device_train_batch_size >= 1 and c.gradient_accumulation_steps >= 1,
+        "per_device_train_batch_size and gradient_accumulation_steps must be >= 1",
+    )
+    _check(c.per_device_eval_batch_size >= 1, "per_device_eval_batch_size must be >= 1")
+    G = c.num_generations
+    _check(G >= 1, f"num_generations={G} must be >= 1")
+    _check(
+        G >= 2 or c.scale_rewards_mode == "none",
+        f"num_generations={G}: a group of one has no spread, so its advantage is always 0; "
+        "use num_generations >= 2",
+    )
+    n = c.completions_per_step
+    _check(
+        n % G == 0,
+        f"completions per optimizer step = per_device_train_batch_size "
+        f"({c.per_device_train_batch_size}) x gradient_accumulation_steps "
+        f"({c.gradient_accumulation_steps}) x processes ({c.world_size}) = {n}, which is not "
+        f"divisible by num_generations ({G}); choose values so that it is, e.g. "
+        f"per_device_train_batch_size={G} or num_generations dividing {n}",
+    )
+    if c.reward_weights is not None:
+        _check(
+            all(isinstance(w, (int, float)) and math.isfinite(w) for w in c.reward_weights),
+            f"reward_weights={c.reward_weights} must be finite numbers",
+        )
+        if c.reward_funcs is not None:
+            _check(
+                len(c.reward_weights) == len(c.reward_funcs),
+                f"reward_weights has {len(c.reward_weights)} entries but reward_funcs has "
+                f"{len(c.reward_funcs)}; give one weight per function",
+            )
+
+
+# ---------------------------------------------------------------------- building
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(GRPOConfig)
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check/convert ``value`` to the annotated type ``tp``; raise ConfigError if it cannot be."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(key, value, a)
+            except ConfigError as e:
+                errors.append(str(e))
+        names = " or ".join(getattr(a, "__name__", str(a)) for a in args)
+        raise ConfigError(f"{key}={value!r}: expected {names}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}={value!r}: expected true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}={value!r}: expected an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r}: expected a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}={value!r}: expected a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}={value!r}: expected a string")
+    if tp is list or origin is list:
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        raise ConfigError(f"{key}={value!r}: expected a list")
+    if tp is dict or origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise ConfigError(f"{key}={value!r}: expected a mapping")
+    return value
+
+
+def _unknown_key_error(key: str, valid: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint} (see README, 'Config keys')")
+
+
+def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfig:
+    """Validate ``values`` (types, ranges, batch arithmetic) and return a frozen config."""
+    hints = _field_types()
+    clean: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in IGNORED_KEYS:
+            warnings.warn(
+                f"{source}: key {key!r} is ignored by grpokit ({IGNORED_KEYS[key]})",
+                stacklevel=2,
+            )
+            continue
+        if key not in hints:
+            raise _unknown_key_error(key, list(hints))
+        clean[key] = _coerce(key, value, hints[key])
+    return GRPOConfig(**clean)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--beta", "0.04", "--use_peft", "--lr_scheduler_type=cosine"]`` -> dict.
+
+    Values are read as YAML scalars/lists (``--reward_funcs "[a, b]"``); a flag without a
+    value means true.
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            raise ConfigError(f"unexpected argument {a!r}: overrides look like --key value")
+        key = a[2:].replace("-", "_")
+        if "=" in key:
+            key, raw = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            raw = args[i + 1]
+            i += 2
+        else:
+            raw = "true"
+            i += 1
+        try:
+            out[key] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            out[key] = raw
+    return out
+
+
+def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"recipe {str(p)!r} does not exist; see recipes/ for examples")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {str(p)!r} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {str(p)!r} must be a mapping of config keys to values")
+    return data
+
+
+def load_config(
+    recipe: str | os.PathLike | None = None, overrides: list[str] | None = None
+) -> GRPOConfig:
+    """Recipe file (optional) + ``--key value`` overrides -> validated frozen config."""
+    values: dict[str, Any] = load_recipe(recipe) if recipe is not None else {}
+    values.update(parse_overrides(overrides or []))
+    return build_config(values, source=str(recipe) if recipe else "overrides")
+
+
+def save_config(cfg: GRPOConfig, path: str | os.PathLike) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,107 @@
+"""Prompt order (seeded, resumable) and prompt tokenisation."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger("grpokit")
+
+
+class PromptSampler:
+    """Yields global batches of row indices: a seeded permutation per epoch, read in order.
+
+    Its state (epoch, position) is saved in checkpoints so a resumed run continues with
+    exactly the prompts the uninterrupted run would have seen.
+    """
+
+    def __init__(self, num_rows: int, batch_size: int, seed: int):
+        if num_rows < batch_size:
+            raise ValueError(
+                f"the training set has {num_rows} prompts but one step needs {batch_size}; "
+                "use more data or fewer prompts per step"
+            )
+        self.n, self.bs, self.seed = num_rows, batch_size, seed
+        self.epoch, self.pos = 0, 0
+        self._perm = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.n // self.bs
+
+    def next(self) -> list[int]:
+        if self.pos + self.bs > self.n:  # drop the last partial batch, like a DataLoader
+            self.epoch += 1
+            self.pos = 0
+            self._perm = self._permutation(self.epoch)
+        out = self._perm[self.pos : self.pos + self.bs]
+        self.pos += self.bs
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n": self.n, "bs": self.bs}
+
+    def load_state_dict(self, s: dict[str, int]) -> None:
+        if (s["n"], s["bs"]) != (self.n, self.bs):
+            raise ValueError(
+                f"checkpoint data order was for {s['n']} prompts in batches of {s['bs']}, "
+                f"this run has {self.n} in batches of {self.bs}"
+            )
+        self.seed, self.epoch, self.pos = s["seed"], s["epoch"], s["pos"]
+        self._perm = self._permutation(self.epoch)
+
+
+def render_prompts(tokenizer, messages: list[list[dict[str, str]]]) -> list[str]:
+    """Chat messages -> prompt strings through the tokenizer's chat template."""
+    return [
+        tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+        for m in messages
+    ]
+
+
+def tokenize_prompts(
+    tokenizer,
+    texts: list[str],
+    max_prompt_length: int | None,
+    on_long: str = "truncate",
+    counters: dict[str, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded (B, P) ids and mask. Prompts over ``max_prompt_length`` tokens keep their
+    last tokens (``on_long="truncate"``, counted) or raise (``"error"``)."""
+    enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    if max_prompt_length is not None:
+        long = [i for i, e in enumerate(enc) if len(e) > max_prompt_length]
+        if long:
+            if on_long == "error":
+                raise ValueError(
+                    f"{len(long)} prompt(s) exceed max_prompt_length={max_prompt_length} tokens "
+                    f"(longest {max(len(enc[i]) for i in long)}); raise max_prompt_length or set "
+                    "prompt_truncation: truncate"
+                )
+            if counters is not None:
+                counters["truncated_prompts"] = counters.get("truncated_prompts", 0) + len(long)
+            log.warning(
+                "truncated %d prompt(s) to their last %d tokens", len(long), max_prompt_length
+            )
+            enc = [e[-max_prompt_length:] for e in enc]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    P = max(len(e) for e in enc)
+    ids = torch.full((len(enc), P), pad, dtype=torch.long)
+    mask = torch.zeros((len(enc), P), dtype=torch.long)
+    for i, e in enumerate(enc):
+        if e:
+            ids[i, P - len(e) :] = torch.tensor(e)
+            mask[i, P - len(e) :] = 1
+    return ids, mask
+
+
+def columns_for_rewards(rows: list[dict[str, Any]], group_size: int) -> dict[str, list]:
+    """Every dataset column except the prompt, each value repeated for the G completions."""
+    keys = [k for k in rows[0] if k != "prompt"]
+    return {k: [r.get(k) for r in rows for _ in range(group_size)] for k in keys}

@@ -1,0 +1,120 @@
+"""Held-out evaluation: greedy (or sampled) completions graded by the task and the rewards."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.data import render_prompts, tokenize_prompts
+from grpokit.rollout.base import SamplingParams
+from grpokit.scoring import reward_name, score
+
+
+def evaluate(
+    engine,
+    task,
+    rows: list[dict[str, Any]],
+    reward_funcs: list,
+    *,
+    batch_size: int = 32,
+    max_new_tokens: int = 256,
+    max_prompt_length: int | None = None,
+    num_samples: int = 1,
+    temperature: float = 1.0,
+    keep_examples: int = 5,
+) -> dict[str, Any]:
+    """Accuracy (pass@1; pass@k with ``num_samples`` = k sampled completions), format rate,
+    mean reward per function, and completion length statistics over ``rows``."""
+    tok = engine.tokenizer
+    greedy = num_samples == 1
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy)
+    correct, formatted, lengths, truncated = [], [], [], []
+    per_func: dict[str, list[float]] = {reward_name(f): [] for f in reward_funcs}
+    examples = []
+    bs = max(1, batch_size // num_samples)
+    for s in range(0, len(rows), bs):
+        chunk = rows[s : s + bs]
+        ids, mask = tokenize_prompts(
+            tok, render_prompts(tok, [r["prompt"] for r in chunk]), max_prompt_length
+        )
+        ro = engine.generate(ids, mask, params, num_generations=num_samples)
+        rows_rep = [r for r in chunk for _ in range(num_samples)]
+        cols = {k: [r.get(k) for r in rows_rep] for k in chunk[0] if k != "prompt"}
+        comps = [[{"role": "assistant", "content": t}] for t in ro.texts]
+        cids = [ro.completion_ids[i, : int(ro.lengths[i])].tolist() for i in range(len(ro.texts))]
+        r = score(
+            reward_funcs,
+            [x["prompt"] for x in rows_rep],
+            comps,
+            {**cols, "completion_ids": cids},
+            on_error="skip",
+        )
+        for j, f in enumerate(reward_funcs):
+            per_func[reward_name(f)].extend(v for v in r[:, j].tolist() if not math.isnan(v))
+        ok = [bool(task.is_correct(t, row)) for t, row in zip(ro.texts, rows_rep)]
+        correct.extend(ok)
+        formatted.extend(bool(task.is_formatted(t)) for t in ro.texts)
+        lengths.extend(ro.lengths.tolist())
+        truncated.extend(ro.truncated.tolist())
+        for i in range(0, len(ro.texts), num_samples):
+            if len(examples) < keep_examples:
+                examples.append(
+                    {
+                        "prompt": chunk[i // num_samples]["prompt"][-1]["content"],
+                        "completion": ro.texts[i],
+                        "correct": ok[i],
+                    }
+                )
+    n = len(rows)
+    by_prompt = torch.tensor(correct, dtype=torch.float32).view(n, num_samples)
+    out: dict[str, Any] = {
+        "num_prompts": n,
+        "num_samples": num_samples,
+        "accuracy": by_prompt[:, 0].mean().item(),
+        "format_rate": sum(formatted) / len(formatted),
+        "mean_length": sum(lengths) / len(lengths),
+        "max_length": max(lengths),
+        "truncated_ratio": sum(truncated) / len(truncated),
+        "rewards": {k: (sum(v) / len(v) if v else None) for k, v in per_func.items()},
+        "examples": examples,
+    }
+    if num_samples > 1:
+        out["pass@1"] = by_prompt.mean().item()
+        out[f"pass@{num_samples}"] = by_prompt.max(dim=1).values.mean().item()
+    return out
+
+
+def save_eval(result: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(result, indent=1))
+
+
+def format_comparison(results: dict[str, dict[str, Any]]) -> str:
+    """Side-by-side table of evaluation results (e.g. {"before": ..., "after": ...})."""
+    names = list(results)
+    keys = ["accuracy", "format_rate", "mean_length", "truncated_ratio"]
+    for r in results.values():
+        for k in r:
+            if k.startswith("pass@") and k not in keys:
+                keys.append(k)
+    reward_keys = sorted({k for r in results.values() for k in r.get("rewards", {})})
+    w = max(22, *(len(f"reward/{k}") + 2 for k in reward_keys)) if reward_keys else 22
+    lines = ["".ljust(w) + "".join(n.rjust(12) for n in names)]
+    for k in keys:
+        vals = [results[n].get(k) for n in names]
+        if all(v is None for v in vals):
+            continue
+        lines.append(k.ljust(w) + "".join(_cell(v) for v in vals))
+    for k in reward_keys:
+        vals = [results[n].get("rewards", {}).get(k) for n in names]
+        lines.append(f"reward/{k}".ljust(w) + "".join(_cell(v) for v in vals))
+    return "\n".join(lines)
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-".rjust(12)
+    return f"{v:.4f}".rjust(12) if isinstance(v, float) else str(v).rjust(12)

@@ -1,0 +1,60 @@
+"""The value that crosses from a rollout engine to the trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    repetition_penalty: float = 1.0
+    greedy: bool = False
+
+
+@dataclass
+class Rollout:
+    """N = B*G completions, the G of one prompt contiguous.
+
+    prompt_ids:      (N, P) left-padded prompt token ids
+    prompt_mask:     (N, P) 1 on real prompt tokens
+    completion_ids:  (N, C) sampled ids, C <= max_new_tokens, right-padded
+    completion_mask: (N, C) 1 up to and including the first EOS (all 1 if truncated)
+    truncated:       (N,) bool, no EOS within max_new_tokens
+    texts:           N decoded completions (special tokens removed)
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(N,) completion lengths in tokens (EOS included)."""
+        return self.completion_mask.sum(-1)
+
+
+def completion_mask_from_eos(
+    completion_ids: torch.Tensor, eos_ids: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask (N, C) that stops at and includes the first EOS of each row, and (N,) truncated.
+
+    Computed from the position of the first EOS, never from pad ids: for many chat
+    models pad == eos, and a mask "ids != pad" would drop the real EOS token.
+    """
+    N, C = completion_ids.shape
+    is_eos = torch.zeros_like(completion_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= completion_ids == e
+    has_eos = is_eos.any(-1)  # (N,)
+    first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full((N,), C, dtype=torch.long))
+    mask = (torch.arange(C, device=completion_ids.device)[None] <= first[:, None]).long()
+    return mask, ~has_eos

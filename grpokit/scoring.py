@@ -1,0 +1,112 @@
+"""Run the reward functions on a batch of completions: (N, F) rewards with NaN for None."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+log = logging.getLogger("grpokit")
+
+
+class RewardError(RuntimeError):
+    """A reward function raised or returned something unusable."""
+
+
+def reward_name(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _call(fn, prompts, completions, columns) -> list:
+    out = fn(prompts=prompts, completions=completions, **columns)
+    if not isinstance(out, (list, tuple)) or len(out) != len(completions):
+        got = f"{type(out).__name__} of length {len(out)}" if hasattr(out, "__len__") else repr(out)
+        raise RewardError(
+            f"reward function {reward_name(fn)!r} returned {got}; it must return a list with "
+            f"one float or None per completion ({len(completions)})"
+        )
+    return list(out)
+
+
+def _value(fn, v, completion) -> float:
+    if v is None:
+        return math.nan
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise RewardError(
+            f"reward function {reward_name(fn)!r} returned {v!r} for completion "
+            f"{_show(completion)}; rewards must be numbers or None"
+        ) from None
+    if not math.isfinite(x):
+        raise RewardError(
+            f"reward function {reward_name(fn)!r} returned {x} for completion {_show(completion)}; "
+            "rewards must be finite (return None when a reward does not apply)"
+        )
+    return x
+
+
+def _show(completion: Any, n: int = 200) -> str:
+    text = completion if isinstance(completion, str) else str(completion)
+    return repr(text[:n] + ("..." if len(text) > n else ""))
+
+
+def score(
+    funcs: Sequence[Callable],
+    prompts: list,
+    completions: list,
+    columns: dict[str, list],
+    *,
+    on_error: str = "raise",
+    counters: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """Rewards (N, F) float32; NaN where a function returned None (or failed, with skip).
+
+    ``on_error="raise"`` turns an exception inside a reward function into a RewardError that
+    names the function and shows the offending completion. ``"skip"`` gives those samples
+    None for that function, logs it and counts it in ``counters["reward_errors"]``.
+    """
+    N = len(completions)
+    out = torch.full((N, len(funcs)), math.nan)
+    for j, fn in enumerate(funcs):
+        try:
+            vals = _call(fn, prompts, completions, columns)
+        except RewardError:
+            raise
+        except Exception as batch_exc:  # find the sample(s) that break it
+            vals = []
+            for i in range(N):
+                cols_i = {k: v[i : i + 1] for k, v in columns.items()}
+                try:
+                    vals.extend(_call(fn, prompts[i : i + 1], completions[i : i + 1], cols_i))
+                except Exception as e:
+                    if on_error == "raise":
+                        raise RewardError(
+                            f"reward function {reward_name(fn)!r} raised {type(e).__name__}: {e} "
+                            f"on completion {_show(completions[i])}; fix the function, or set "
+                            "reward_errors: skip to score such samples as None and count them"
+                        ) from e
+                    log.warning("reward %s failed on sample %d: %s", reward_name(fn), i, e)
+                    if counters is not None:
+                        counters["reward_errors"] = counters.get("reward_errors", 0) + 1
+                    vals.append(None)
+            if on_error == "raise" and all(v is not None for v in vals):
+                raise RewardError(
+                    f"reward function {reward_name(fn)!r} raised {type(batch_exc).__name__}: "
+                    f"{batch_exc} on the batch but not on any single sample"
+                ) from batch_exc
+        for i, v in enumerate(vals):
+            out[i, j] = _value(fn, v, completions[i])
+    return out
+
+
+def combine(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(N, F) rewards, (F,) weights -> (N,) total; functions that gave None are left out,
+    and a sample no function applied to is NaN (its advantage becomes 0)."""
+    weighted = rewards * weights[None]
+    total = torch.nansum(weighted, dim=1)
+    none_applied = torch.isnan(rewards).all(dim=1)
+    return torch.where(none_applied, torch.full_like(total, math.nan), total)

@@ -1,0 +1,590 @@
+"""The GRPO loop. Reads top to bottom: sample, score, advantages, update. No inline math:
+the objective lives in ``grpokit.algo``.
+
+One *round* = one generation batch of ``prompts_per_step`` prompts x G completions, followed
+by ``num_iterations`` optimizer steps over it. ``max_steps`` counts optimizer steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from grpokit import distributed as dist
+from grpokit.algo import entropy_from_logits, group_advantages, policy_loss, selective_log_softmax
+from grpokit.algo.advantages import group_reward_stats
+from grpokit.checkpoint import (
+    latest_checkpoint,
+    load_model_weights,
+    load_trainer_files,
+    save_checkpoint,
+    set_rng_state,
+)
+from grpokit.config import GRPOConfig
+from grpokit.data import PromptSampler, columns_for_rewards, render_prompts, tokenize_prompts
+from grpokit.evaluation import evaluate, format_comparison, save_eval
+from grpokit.logging import MetricsLogger
+from grpokit.optim import build_optimizer, build_scheduler
+from grpokit.rollout.base import Rollout, SamplingParams
+from grpokit.rollout.hf import HFRolloutEngine, autocast
+from grpokit.scoring import combine, reward_name, score
+
+log = logging.getLogger("grpokit")
+
+# Keys that change what training means: a resume with a different value is refused.
+RESUME_LOCKED_KEYS = (
+    "model_name_or_path", "task", "task_params", "dataset_name", "dataset_config",
+    "dataset_train_split", "max_train_samples", "num_generations", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "num_iterations", "use_peft", "lora_r", "lora_alpha",
+    "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",
+    "torch_dtype", "system_prompt",
+)  # fmt: skip
+
+
+@dataclass
+class Batch:
+    """One round's training data. N = B*G rows, completions of a prompt contiguous."""
+
+    rollout: Rollout
+    loss_mask: torch.Tensor  # (N, C) completion mask, zeroed for truncated rows if asked
+    advantages: torch.Tensor  # (N,)
+    old_logp: torch.Tensor | None  # (N, C), only when num_iterations > 1
+    ref_logp: torch.Tensor | None  # (N, C), only when beta > 0
+
+
+class Stop(Exception):
+    """Raised inside the loop when SIGINT/SIGTERM asked to stop after a checkpoint."""
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: GRPOConfig, *, resume: str | bool | None = None, stream=None):
+        self.cfg = cfg
+        dist.init()
+        torch.manual_seed(cfg.seed)
+        if cfg.torch_num_threads:
+            torch.set_num_threads(cfg.torch_num_threads)
+        self.out = Path(cfg.output_dir)
+        self.counters: dict[str, int] = {}
+        self._stop_requested = False
+        self._setup_task_and_rewards()  # cheap checks first, before any model loads
+        self._setup_models()
+        self._setup_optimization()
+        self.logger = MetricsLogger(
+            self.out,
+            self.total_steps,
+            stream=stream,
+            enabled=dist.is_main(),
+            trackers=_trackers(cfg),
+        )
+        self.step = 0
+        self.resumed_from = 0
+        if resume:
+            self._resume(resume)
+
+    # ------------------------------------------------------------------ setup
+    def _setup_task_and_rewards(self) -> None:
+        from grpokit.rewards import get_reward_funcs
+        from grpokit.tasks import get_task
+
+        c = self.cfg
+        self.task = get_task(
+            c.task,
+            dataset_name=c.dataset_name,
+            dataset_config=c.dataset_config,
+            system_prompt=c.system_prompt,
+            seed=c.seed,
+            **c.task_params,
+        )
+        self.train_rows = self.task.build(c.dataset_train_split, limit=c.max_train_samples)
+        self.eval_rows = (
+            self.task.build(c.dataset_test_split, limit=c.max_eval_samples)
+            if c.max_eval_samples > 0
+            else []
+        )
+        specs = (
+            c.reward_funcs if c.reward_funcs is not None else list(self.task.default_reward_funcs)
+        )
+        if not specs:
+            raise ValueError(
+                f"task {c.task!r} has no default rewards; set reward_funcs in the recipe"
+            )
+        self.reward_funcs = get_reward_funcs(specs)
+        if c.reward_weights is not None:
+            weights = list(c.reward_weights)
+        elif c.reward_funcs is None and self.task.default_reward_weights is not None:
+            weights = list(self.task.default_reward_weights)
+        else:
+            weights = [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"{len(weights)} reward_weights for {len(self.reward_funcs)} reward_funcs"
+            )
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self.reward_names = [reward_name(f) for f in self.reward_funcs]
+        W = dist.world_size()
+        if c.prompts_per_step % W:
+            raise ValueError(
+                f"{c.prompts_per_step} prompts per step do not split over {W} processes"
+            )
+        self.prompts_per_rank = c.prompts_per_step // W
+        self.sampler = PromptSampler(len(self.train_rows), c.prompts_per_step, c.seed)
+        mu = c.num_iterations
+        if c.max_steps > 0:
+            self.total_steps = c.max_steps
+        else:
+            rounds = math.ceil(c.num_train_epochs * self.sampler.batches_per_epoch)
+            self.total_steps = rounds * mu
+
+    def _setup_models(self) -> None:
+        from grpokit.models import load_model_and_tokenizer
+
+        c = self.cfg
+        self.model, self.tokenizer, self.model_source = load_model_and_tokenizer(
+            c.model_name_or_path,
+            dtype=c.torch_dtype,
+            use_peft=c.use_peft,
+            lora_r=c.lora_r,
+            lora_alpha=c.lora_alpha,
+            lora_dropout=c.lora_dropout,
+            lora_target_modules=c.lora_target_modules,
+            gradient_checkpointing=c.gradient_checkpointing,
+            trust_remote_code=c.trust_remote_code,
+            chat_template=c.chat_template,
+        )
+        self.model.train()
+        self.ref_model = None
+        if c.beta > 0 and not c.use_peft:  # with LoRA the reference is the adapter-disabled base
+            self.ref_model = copy.deepcopy(self.model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.amp_dtype = torch.bfloat16 if c.bf16 else None
+        self.engine = HFRolloutEngine(self.model, self.tokenizer, autocast_dtype=self.amp_dtype)
+        self.sampling = SamplingParams(
+            max_new_tokens=c.max_completion_length,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            repetition_penalty=c.repetition_penalty,
+        )
+
+    def _setup_optimization(self) -> None:
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        self.optimizer = build_optimizer(self.params, self.cfg)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg, self.total_steps)
+
+    # ------------------------------------------------------------------ resume
+    def _resume(self, resume: str | bool) -> None:
+        ckpt = latest_checkpoint(self.out) if resume is True or resume == "latest" else Path(resume)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint in {self.out}")
+        files = load_trainer_files(ckpt)
+        saved = yaml.safe_load(files["config_yaml"])
+        diffs = [k for k in RESUME_LOCKED_KEYS if saved.get(k) != getattr(self.cfg, k)]
+        if diffs:
+            lines = ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in diffs)
+            raise ValueError(
+                f"cannot resume from {ckpt}: the config changes what training means ({lines}); "
+                "resume with the checkpoint's values or start a new output_dir"
+            )
+        load_model_weights(self.model, ckpt, is_peft=self.cfg.use_peft)
+        self.optimizer.load_state_dict(files["optimizer"])
+        self.scheduler.load_state_dict(files["scheduler"])
+        if files["ref_model"] is not None and self.ref_model is not None:
+            self.ref_model.load_state_dict(files["ref_model"])
+        st = files["state"]
+        self.sampler.load_state_dict(st["sampler"])
+        self.step = self.resumed_from = st["global_step"]
+        self.counters = dict(st.get("counters", {}))
+        set_rng_state(files["rng"])
+        self.logger.print(f"resumed from {ckpt} at step {self.step}")
+
+    def save(self) -> Path | None:
+        path = None
+        if dist.is_main():
+            c = self.cfg
+            synced = c.sync_ref_model and self.step >= c.ref_model_sync_steps
+            path = save_checkpoint(
+                self.out,
+                self.step,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                trainer_state={
+                    "global_step": self.step,
+                    "sampler": self.sampler.state_dict(),
+                    "counters": self.counters,
+                    "total_steps": self.total_steps,
+                },
+                config_yaml=yaml.safe_dump(c.to_dict(), sort_keys=False),
+                ref_model=self.ref_model if synced else None,
+                save_total_limit=c.save_total_limit,
+            )
+        dist.barrier()
+        return path
+
+    # ------------------------------------------------------------------ log-probs
+    def completion_logps(self, model, ro: Rollout, rows: slice, with_entropy: bool = False):
+        """(n, C) log-probs of the completion tokens of ``rows`` (and their entropies).
+
+        Logits are divided by the sampling temperature, so these are the log-probs of the
+        distribution the tokens were sampled from.
+        """
+        p_ids, p_mask = ro.prompt_ids[rows], ro.prompt_mask[rows]
+        c_ids, c_mask = ro.completion_ids[rows], ro.completion_mask[rows]
+        ids = torch.cat([p_ids, c_ids], dim=1)  # (n, P+C)
+        attn = torch.cat([p_mask, c_mask], dim=1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+        C = c_ids.shape[1]
+        with autocast(ids.device.type, self.amp_dtype):
+            out = model(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=pos,
+                logits_to_keep=C + 1,
+                use_cache=False,
+            )
+        logits = out.logits[:, :-1] / self.cfg.temperature  # (n, C, V)
+        logp = selective_log_softmax(logits, c_ids)
+        ent = entropy_from_logits(logits.detach()) if with_entropy else None
+        return logp, ent
+
+    @torch.no_grad()
+    def _logps_no_grad(self, model, ro: Rollout) -> torch.Tensor:
+        mb = self.cfg.per_device_train_batch_size
+        parts = [
+            self.completion_logps(model, ro, slice(s, s + mb))[0]
+            for s in range(0, ro.completion_ids.shape[0], mb)
+        ]
+        return torch.cat(parts)
+
+    def _ref_logps(self, ro: Rollout) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._logps_no_grad(self.ref_model, ro)
+        with self.model.disable_adapter():  # LoRA: the base model is the reference
+            return self._logps_no_grad(self.model, ro)
+
+    # ------------------------------------------------------------------ one round
+    def _next_rows(self) -> list[dict[str, Any]]:
+        idx = self.sampler.next()
+        r = dist.rank()
+        idx = idx[r * self.prompts_per_rank : (r + 1) * self.prompts_per_rank]
+        return [self.train_rows[i] for i in idx]
+
+    def _rollout_and_score(self, rows) -> tuple[Batch, dict[str, Any], list[dict[str, Any]]]:
+        c, G = self.cfg, self.cfg.num_generations
+        t0 = time.time()
+        texts = render_prompts(self.tokenizer, [r["prompt"] for r in rows])
+        p_ids, p_mask = tokenize_prompts(
+            self.tokenizer, texts, c.max_prompt_length, c.prompt_truncation, self.counters
+        )
+        ro = self.engine.generate(p_ids, p_mask, self.sampling, num_generations=G)
+        t1 = time.time()
+
+        prompts = [r["prompt"] for r in rows for _ in range(G)]
+        completions = [[{"role": "assistant", "content": t}] for t in ro.texts]
+        cols = columns_for_rewards(rows, G)
+        cols["completion_ids"] = [
+            ro.completion_ids[i, : int(n)].tolist() for i, n in enumerate(ro.lengths)
+        ]
+        rewards = score(
+            self.reward_funcs,
+            prompts,
+            completions,
+            cols,
+            on_error=c.reward_errors,
+            counters=self.counters,
+        )  # (N, F)
+        all_rewards = dist.all_gather_cat(rewards)  # (N_global, F): statistics are global
+        total = combine(all_rewards, self.reward_weights)  # (N_global,)
+        adv_all = group_advantages(total, G, c.scale_rewards_mode)
+        N = rewards.shape[0]
+        adv = adv_all[dist.rank() * N : (dist.rank() + 1) * N]
+        t2 = time.time()
+
+        loss_mask = ro.completion_mask.clone()
+        if c.mask_truncated_completions:
+            loss_mask[ro.truncated] = 0
+        old_logp = self._logps_no_grad(self.model, ro) if c.num_iterations > 1 else None
+        ref_logp = self._ref_logps(ro) if c.beta > 0 else None
+        batch = Batch(ro, loss_mask, adv, old_logp, ref_logp)
+        t3 = time.time()
+
+        lengths = dist.all_gather_cat(ro.lengths.float())
+        truncated = dist.all_gather_cat(ro.truncated.float())
+        m: dict[str, Any] = {
+            "reward": torch.nanmean(total),
+            **group_reward_stats(total, G),
+            "completions/mean_length": lengths.mean(),
+            "completions/min_length": lengths.min(),
+            "completions/max_length": lengths.max(),
+            "completions/clipped_ratio": truncated.mean(),
+            "time/generation": t1 - t0,
+            "time/scoring": t2 - t1,
+            "time/reference": t3 - t2,
+            "tokens_generated": lengths.sum(),
+        }
+        for j, name in enumerate(self.reward_names):
+            col = all_rewards[:, j]
+            valid = col[~torch.isnan(col)]
+            m[f"rewards/{name}/mean"] = valid.mean() if valid.numel() else float("nan")
+            m[f"rewards/{name}/std"] = valid.std() if valid.numel() > 1 else float("nan")
+        correct = [
+            self.task.is_correct(t, r)
+            for t, r in zip(ro.texts, [r for r in rows for _ in range(G)])
+        ]
+        m["accuracy"] = dist.all_reduce_sum(torch.tensor(float(sum(correct)))) / total.numel()
+
+        table = []
+        if c.log_completions:
+            for i in range(N):
+                table.append(
+                    {
+                        "prompt": prompts[i][-1]["content"],
+                        "completion": ro.texts[i],
+                        "rewards": {
+                            n: _nan_none(rewards[i, j].item())
+                            for j, n in enumerate(self.reward_names)
+                        },
+                        "advantage": adv[i].item(),
+                    }
+                )
+        return batch, m, table
+
+    def _optimizer_step(self, b: Batch) -> dict[str, Any]:
+        """One optimizer step over the round's batch: micro-batches + gradient accumulation."""
+        c = self.cfg
+        t0 = time.time()
+        N = b.advantages.shape[0]
+        mb = c.per_device_train_batch_size
+        n_micro = math.ceil(N / mb)
+        num_seqs = float(N * dist.world_size())
+        num_tokens = dist.all_reduce_sum(b.loss_mask.sum().float()).item()
+        acc: dict[str, float] = {}
+        loss_total, tok_total = 0.0, 0.0
+        for s in range(0, N, mb):
+            sl = slice(s, s + mb)
+            logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
+            loss, m = policy_loss(
+                logp,
+                None if b.old_logp is None else b.old_logp[sl],
+                None if b.ref_logp is None else b.ref_logp[sl],
+                b.advantages[sl],
+                b.loss_mask[sl],
+                loss_type=c.loss_type,
+                epsilon_low=c.epsilon,
+                epsilon_high=c.epsilon_high,
+                beta=c.beta,
+                importance_sampling_level=c.importance_sampling_level,
+                max_completion_length=c.max_completion_length,
+                num_sequences=num_seqs,
+                num_tokens=num_tokens,
+                entropy=ent,
+            )
+            if c.loss_type == "bnpo":  # per-micro-batch mean: average over micro-batches/ranks
+                loss = loss / (n_micro * dist.world_size())
+            loss.backward()
+            loss_total += loss.item()
+            ntok = b.loss_mask[sl].sum().item()
+            tok_total += ntok
+            for k, v in m.items():
+                acc[k] = acc.get(k, 0.0) + v.item() * ntok
+        dist.sum_gradients(self.params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf")
+        )
+        lr = self.scheduler.get_last_lr()[0]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            self.counters["skipped_nonfinite_steps"] = (
+                self.counters.get("skipped_nonfinite_steps", 0) + 1
+            )
+            log.warning("non-finite gradient norm at step %d: update skipped", self.step + 1)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        if (
+            c.sync_ref_model
+            and self.ref_model is not None
+            and self.step % c.ref_model_sync_steps == 0
+        ):
+            _mix_into(self.ref_model, self.model, c.ref_model_mixup_alpha)
+        out = {k: v / max(tok_total, 1.0) for k, v in acc.items()}
+        out.update(
+            loss=dist.all_reduce_sum(torch.tensor(loss_total)).item(),
+            grad_norm=grad_norm.item(),
+            learning_rate=lr,
+        )
+        out["time/training"] = time.time() - t0
+        return out
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict[str, Any]:
+        c = self.cfg
+        self._install_signal_handlers()
+        results: dict[str, Any] = {}
+        self.logger.print(f"model: {self.model_source.source}")
+        self.logger.print(
+            f"task {c.task}: {len(self.train_rows)} train prompts, {len(self.eval_rows)} held-out; "
+            f"{c.prompts_per_step} prompts x {c.num_generations} completions per step; "
+            f"{self.total_steps} steps; rewards {self.reward_names} weights {self.reward_weights.tolist()}"
+        )
+        if self.eval_rows and self.step == 0:
+            results["before"] = self._evaluate("before")
+        stopped = False
+        try:
+            while self.step < self.total_steps:
+                t_round = time.time()
+                rows = self._next_rows()
+                batch, rmetrics, table = self._rollout_and_score(rows)
+                saved_due = False
+                for _ in range(c.num_iterations):
+                    if self.step >= self.total_steps:
+                        break
+                    m = self._optimizer_step(batch)
+                    m.update(rmetrics)
+                    m["time/step"] = time.time() - t_round
+                    t_round = time.time()
+                    rmetrics = {k: v for k, v in rmetrics.items() if not k.startswith("time/")}
+                    if (
+                        self.step % c.logging_steps == 0
+                        or self.step == 1
+                        or self.step == self.total_steps
+                    ):
+                        self.logger.log(self.step, m, resumed_from=self.resumed_from)
+                        if table:
+                            self.logger.log_completions(self.step, table)
+                    saved_due |= bool(c.save_steps) and self.step % c.save_steps == 0
+                if (
+                    c.eval_steps
+                    and self.eval_rows
+                    and self.step % c.eval_steps == 0
+                    and self.step < self.total_steps
+                ):
+                    r = self._evaluate(f"step-{self.step}", verbose=False)
+                    self.logger.log(
+                        self.step,
+                        {f"eval/{k}": v for k, v in r.items() if isinstance(v, float)},
+                        resumed_from=self.resumed_from,
+                    )
+                if saved_due and self.step < self.total_steps:
+                    self.save()
+                if self._stop_requested:
+                    raise Stop
+        except (Stop, KeyboardInterrupt):
+            stopped = True
+            path = self.save()
+            self.logger.print(
+                f"\nstopped at step {self.step}; checkpoint saved to {path}.\n"
+                f"continue with: grpokit train <recipe> --output_dir {c.output_dir} --resume"
+            )
+        finally:
+            self._restore_signal_handlers()
+        if stopped:
+            self.logger.close()
+            return {"stopped": True, "step": self.step}
+        ckpt = self.save() if c.save_steps else None
+        final = self._save_final()
+        if self.eval_rows:
+            results["after"] = self._evaluate("after")
+            if "before" in results:
+                self.logger.print("\nheld-out evaluation (greedy):\n" + format_comparison(results))
+                if dist.is_main():
+                    save_eval(results, self.out / "eval_summary.json")
+        self.logger.print(
+            f"\nfinal model: {final}\nmetrics: {self.out / 'metrics.jsonl'}"
+            + (f"\nlast checkpoint: {ckpt}" if ckpt else "")
+            + f"\nreport: grpokit report {self.out}"
+        )
+        self.logger.close()
+        return {"stopped": False, "step": self.step, "final_model": str(final), **results}
+
+    def _evaluate(self, tag: str, verbose: bool = True) -> dict[str, Any]:
+        c = self.cfg
+        t0 = time.time()
+        r = evaluate(
+            self.engine,
+            self.task,
+            self.eval_rows,
+            self.reward_funcs,
+            batch_size=c.per_device_eval_batch_size,
+            max_new_tokens=c.eval_max_completion_length or c.max_completion_length,
+            max_prompt_length=c.max_prompt_length,
+        )
+        r["seconds"] = time.time() - t0
+        if dist.is_main():
+            save_eval(r, self.out / f"eval_{tag}.json")
+        if verbose:
+            self.logger.print(
+                f"eval {tag}: accuracy {r['accuracy']:.3f}, format {r['format_rate']:.3f} "
+                f"on {r['num_prompts']} held-out prompts ({r['seconds']:.0f}s)"
+            )
+        return r
+
+    def _save_final(self) -> Path | None:
+        from grpokit.models import save_final_model
+
+        path = self.out / "final"
+        if dist.is_main():
+            save_final_model(self.model, self.tokenizer, path, merge_lora=self.cfg.merge_lora)
+            (path / "grpokit_config.yaml").write_text(
+                yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
+            )
+        dist.barrier()
+        return path
+
+    # ------------------------------------------------------------------ signals
+    def _install_signal_handlers(self) -> None:
+        self._old_handlers = {}
+
+        def handler(signum, frame):
+            if self._stop_requested:  # second press: stop now
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            self.logger.print(
+                f"\n{signal.Signals(signum).name}: finishing this step, then saving "
+                "a checkpoint (press again to stop at once)"
+            )
+
+        for s in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old_handlers[s] = signal.signal(s, handler)
+            except ValueError:  # not the main thread
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        for s, h in getattr(self, "_old_handlers", {}).items():
+            signal.signal(s, h)
+
+
+@torch.no_grad()
+def _mix_into(ref, model, alpha: float) -> None:
+    """TR-DPO reference update (Gorbatovski et al. 2024): ref <- alpha*policy + (1-alpha)*ref."""
+    for pr, pm in zip(ref.parameters(), model.parameters()):
+        pr.mul_(1.0 - alpha).add_(pm.detach(), alpha=alpha)
+
+
+def _nan_none(x: float):
+    return None if math.isnan(x) else x
+
+
+def _trackers(cfg: GRPOConfig) -> list:
+    names = [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to)
+    names = [n for n in names if n != "none"]
+    if not names or not dist.is_main():
+        return []
+    from grpokit.trackers import make_trackers
+
+    return make_trackers(names, cfg)

@@ -1,0 +1,112 @@
+import dataclasses
+
+import pytest
+
+from grpokit.config import ConfigError, GRPOConfig, build_config, load_config, parse_overrides
+
+
+def test_recipe_plus_overrides(tmp_path):
+    r = tmp_path / "r.yaml"
+    r.write_text(
+        "learning_rate: 5.0e-6\nbeta: 0.0\nnum_generations: 4\nreward_funcs: [correctness]\n"
+    )
+    c = load_config(
+        r,
+        [
+            "--learning_rate",
+            "1e-6",
+            "--beta",
+            "0.04",
+            "--use_peft",
+            "--lr_scheduler_type=cosine",
+            "--reward_funcs",
+            "[accuracy, format]",
+        ],
+    )
+    assert c.learning_rate == 1e-6 and c.beta == 0.04 and c.use_peft is True
+    assert c.lr_scheduler_type == "cosine" and c.reward_funcs == ["accuracy", "format"]
+    assert c.num_generations == 4
+
+
+def test_frozen():
+    c = GRPOConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.beta = 1.0
+
+
+def test_unknown_key_names_closest():
+    with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
+        build_config({"learnig_rate": 1e-6})
+    with pytest.raises(ConfigError, match="did you mean 'num_generations'"):
+        build_config({"num_generation": 4})
+
+
+def test_ignored_trl_key_warns():
+    with pytest.warns(UserWarning, match="push_to_hub"):
+        c = build_config({"push_to_hub": True, "hub_model_id": "x/y"})
+    assert c.beta == 0.0
+
+
+@pytest.mark.parametrize(
+    "values,match",
+    [
+        ({"epsilon": 0}, "epsilon"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"num_generations": 1}, "num_generations"),
+        ({"max_steps": "many"}, "expected an integer"),
+        ({"use_peft": "maybe"}, "true or false"),
+        ({"loss_type": "ppo"}, "loss_type"),
+        ({"scale_rewards": "median"}, "scale_rewards"),
+        ({"beta": -1}, "beta"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"reward_funcs": ["a", "b"], "reward_weights": [1.0]}, "one weight per function"),
+        ({"sync_ref_model": True, "use_peft": True}, "sync_ref_model"),
+        ({"report_to": "neptune"}, "report_to"),
+    ],
+)
+def test_bad_values(values, match):
+    with pytest.raises(ConfigError, match=match):
+        build_config(values)
+
+
+def test_batch_arithmetic_spelled_out():
+    with pytest.raises(ConfigError) as e:
+        build_config(
+            {
+                "per_device_train_batch_size": 6,
+                "gradient_accumulation_steps": 2,
+                "num_generations": 8,
+            }
+        )
+    msg = str(e.value)
+    assert (
+        "6" in msg and "x gradient_accumulation_steps (2)" in msg and "= 12" in msg and "(8)" in msg
+    )
+
+
+def test_batch_arithmetic_ok():
+    c = build_config(
+        {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "num_generations": 8}
+    )
+    assert c.completions_per_step == 16 and c.prompts_per_step == 2
+
+
+def test_scale_rewards_bool_compat():
+    assert build_config({"scale_rewards": False}).scale_rewards_mode == "none"
+    assert build_config({"scale_rewards": True}).scale_rewards_mode == "group"
+
+
+def test_parse_overrides_forms():
+    assert parse_overrides(["--a", "1", "--b=x", "--flag", "--c", "[1, 2]"]) == {
+        "a": 1,
+        "b": "x",
+        "flag": True,
+        "c": [1, 2],
+    }
+    with pytest.raises(ConfigError, match="--key value"):
+        parse_overrides(["stray"])
+
+
+def test_missing_recipe(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
