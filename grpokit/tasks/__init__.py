@@ -1,19 +1,43 @@
-"""Tasks: dataset rows -> chat prompts + the columns their rewards need."""
+"""Tasks: dataset rows -> chat prompts + the columns their rewards need.
+
+    task = get_task("gsm8k")                      # or "countdown", "math", "tldr", ...
+    rows = task.build("train", limit=1000)        # [{"prompt": messages, "answer": ...}, ...]
+    task.default_reward_funcs                     # reward names for grpokit.rewards
+    task.is_correct(completion_text, row)         # the evaluation grader
+
+See docs/tasks.md for each task's data, parameters, rewards and grader.
+"""
 
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
 from grpokit.tasks.arithmetic import ArithmeticTask
 from grpokit.tasks.base import Task, TaskDataError
+from grpokit.tasks.countdown import CountdownTask
+from grpokit.tasks.custom import CustomTask
 from grpokit.tasks.gsm8k import GSM8KTask
-
-_TASKS: dict[str, type[Task]] = {"arithmetic": ArithmeticTask, "gsm8k": GSM8KTask}
+from grpokit.tasks.math import MathTask
+from grpokit.tasks.tldr import TLDRTask
 
 __all__ = ["Task", "TaskDataError", "get_task", "register_task", "registered_tasks"]
 
+_TASKS: dict[str, type[Task]] = {
+    "arithmetic": ArithmeticTask,
+    "countdown": CountdownTask,
+    "custom": CustomTask,
+    "generic": CustomTask,
+    "gsm8k": GSM8KTask,
+    "math": MathTask,
+    "tldr": TLDRTask,
+}
+
 
 def register_task(name: str, cls: type[Task]) -> None:
+    """Make ``cls`` (a Task subclass) available to ``get_task(name)`` and recipes."""
+    if name in _TASKS and _TASKS[name] is not cls:
+        raise ValueError(f"task {name!r} is registered twice")
     _TASKS[name] = cls
 
 
@@ -22,10 +46,17 @@ def registered_tasks() -> list[str]:
 
 
 def get_task(
-    name: str, *, dataset_name=None, dataset_config=None, system_prompt=None, seed=0, **params
+    name: str,
+    *,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    system_prompt: str | None = None,
+    seed: int = 0,
+    **params: Any,
 ) -> Task:
+    """The task ``name`` configured with a dataset, system prompt, seed and its own params."""
     if name not in _TASKS:
-        close = difflib.get_close_matches(name, list(_TASKS), n=1)
+        close = difflib.get_close_matches(name, list(_TASKS), n=1, cutoff=0.4)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown task {name!r}{hint} Known: {', '.join(registered_tasks())}")
     return _TASKS[name](

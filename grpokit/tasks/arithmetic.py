@@ -1,110 +1,114 @@
-"""``arithmetic``: a seeded generator of small arithmetic problems, for fast CPU runs.
+"""``arithmetic``: seeded small arithmetic problems, for fast CPU runs where a small model learns.
 
-Parameters (``task_params``): ``ops`` (list from "+", "-", "*"; default ["+"]), ``digits``
-(an int, or [min, max] digits per operand; default 1), ``num_operands`` (default 2),
-``train_size`` (default 5000), ``test_size`` (default 500). The test problems are a
-separate seeded draw, and any test problem that also occurs in train is dropped from train,
-so the held-out set is never trained on.
+Parameters (``task_params``):
+
+- ``ops``: list drawn from "+", "-", "*" (default ["+"]); one is drawn per operator slot;
+- ``digits``: digits per operand, an int or [min, max] (default 1; 1-digit operands are 0-9);
+- ``num_operands``: default 2 (``*`` binds tighter than ``+``/``-``, as in Python);
+- ``train_size``: default 5000 (drawn with replacement from the problems not in test);
+- ``test_size``: distinct held-out problems (default: 500, or a fifth of all distinct
+  problems when there are fewer than 2500, e.g. 20 of the 100 one-digit additions).
+
+Rows: ``question`` ("What is 23 + 45?"), ``expression`` ("23 + 45"), ``answer`` ("68").
+
+Rewards registered here (partial credit, because a 135M model on CPU starts at ~54%
+(1-digit) / ~18% (2-digit) by its last number and never writes strict tag formats):
+
+- ``arithmetic_correct``: 1.0 when the final answer equals the gold, else 0.0. The final
+  answer is the last number inside the last ``<answer>...</answer>`` if the text has one,
+  else the last number anywhere in the text.
+- ``arithmetic_closeness``: ``1 / (1 + 10 * |pred - gold| / max(1, |gold|))``; 0.0 with no
+  number. 1.0 when exact, 0.5 when off by a tenth of the gold.
+- ``arithmetic_format``: 1.0 for exactly one ``<answer>N</answer>`` holding only a number;
+  0.5 for a complete answer tag otherwise (extra words, several tags); 0.25 for an opening
+  ``<answer>`` that is never closed; 0.0 with no answer tag.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from grpokit.rewards.builtin import final_answer
-from grpokit.rewards.text import last_tag_content, parse_number
+from grpokit.rewards.registry import register_reward, registered_rewards
+from grpokit.tasks.answers import NUMBER, last_number, last_tag_content, parse_number
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (
-    "You are a careful calculator. Work out the answer briefly, then give the final number "
-    "inside <answer></answer> tags, for example <answer>42</answer>."
+    "You are a careful calculator. Reason briefly, then give the final number inside "
+    "<answer></answer> tags, for example <answer>42</answer>."
 )
-_PARAMS = {"ops", "digits", "num_operands", "train_size", "test_size"}
+OPS = ("+", "-", "*")
 
 
-@dataclass
-class ArithmeticTask(Task):
-    default_reward_funcs: tuple = (
-        "arithmetic_correct",
-        "arithmetic_closeness",
-        "arithmetic_format",
-    )
-    default_reward_weights: tuple = (1.0, 0.5, 0.25)
-    default_system_prompt: str | None = SYSTEM_PROMPT
-    required_columns: tuple = ("question", "answer")
-
-    def __post_init__(self) -> None:
-        bad = set(self.params) - _PARAMS
-        if bad:
-            raise TaskDataError(
-                f"task arithmetic: unknown task_params {sorted(bad)}; it takes {sorted(_PARAMS)}"
-            )
-        ops = self.params.get("ops", ["+"])
-        if isinstance(ops, str):
-            ops = [ops]
-        if not ops or any(o not in ("+", "-", "*") for o in ops):
-            raise TaskDataError(
-                f"task arithmetic: ops={ops!r}; use a list drawn from '+', '-', '*'"
-            )
-        d = self.params.get("digits", 1)
-        lo, hi = (d, d) if isinstance(d, int) else (int(d[0]), int(d[1]))
-        if not 1 <= lo <= hi <= 12:
-            raise TaskDataError(
-                f"task arithmetic: digits={d!r}; use an int or [min, max] within 1..12"
-            )
-        self.ops, self.digits = list(ops), (lo, hi)
-        self.num_operands = int(self.params.get("num_operands", 2))
-        self.sizes = {
-            "train": int(self.params.get("train_size", 5000)),
-            "test": int(self.params.get("test_size", 500)),
-        }
-
-    def _draw(self, rng: random.Random) -> dict[str, Any]:
-        nums = []
-        for _ in range(self.num_operands):
-            k = rng.randint(*self.digits)
-            nums.append(rng.randint(0 if k == 1 else 10 ** (k - 1), 10**k - 1))
-        ops = [rng.choice(self.ops) for _ in range(self.num_operands - 1)]
-        expr = str(nums[0]) + "".join(f" {o} {n}" for o, n in zip(ops, nums[1:]))
-        value = nums[0]
-        # left to right with * binding tighter, as Python does
-        value = _evaluate(nums, ops)
-        return {"question": f"What is {expr}?", "expression": expr, "answer": str(value)}
-
-    def load_rows(self, split: str) -> list[dict[str, Any]]:
-        if split not in self.sizes:
-            raise TaskDataError(f"task arithmetic has splits 'train' and 'test', not {split!r}")
-        test_rng = random.Random(self.seed * 7919 + 1)
-        test = [self._draw(test_rng) for _ in range(self.sizes["test"])]
-        if split == "test":
-            return test
-        held = {r["expression"] for r in test}
-        rng = random.Random(self.seed * 7919 + 2)
-        rows: list[dict[str, Any]] = []
-        tries = 0
-        while len(rows) < self.sizes["train"] and tries < 50 * self.sizes["train"]:
-            r = self._draw(rng)
-            tries += 1
-            if r["expression"] not in held:
-                rows.append(r)
-        return rows
-
-    def make_user_message(self, row: dict[str, Any]) -> str:
-        return row["question"]
-
-    def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
-        got = final_answer(completion)
-        return got is not None and abs(got - float(row["answer"])) < 1e-9
-
-    def is_formatted(self, completion: str) -> bool:
-        return parse_number(last_tag_content(completion, "answer")) is not None
+# ---------------------------------------------------------------------- grading
+def final_answer(text: str) -> float | None:
+    """Last number in the last ``<answer>`` tag if there is one, else the last number."""
+    tagged = last_tag_content(text, "answer")
+    return last_number(tagged if tagged is not None else text)
 
 
-def _evaluate(nums: list[int], ops: list[str]) -> int:
-    terms, cur = [], nums[0]
-    signs = []
+def _text(c: Any) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):  # chat messages
+        return "".join(str(m.get("content", "")) for m in c if isinstance(m, dict))
+    if isinstance(c, dict):
+        return str(c.get("content", ""))
+    return "" if c is None else str(c)
+
+
+def correct_score(text: str, gold: Any) -> float:
+    got = final_answer(text)
+    return 1.0 if got is not None and math.isclose(got, float(gold), abs_tol=1e-9) else 0.0
+
+
+def closeness_score(text: str, gold: Any) -> float:
+    got, g = final_answer(text), float(gold)
+    if got is None or not math.isfinite(got):
+        return 0.0
+    return 1.0 / (1.0 + 10.0 * min(abs(got - g) / max(1.0, abs(g)), 1e9))
+
+
+def format_score(text: str) -> float:
+    tagged = last_tag_content(text, "answer")
+    if tagged is None:
+        return 0.25 if "<answer>" in text else 0.0
+    if text.count("<answer>") == 1 and parse_number(tagged) is not None:
+        return 1.0
+    return 0.5
+
+
+def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
+    return [correct_score(_text(c), g) for c, g in zip(completions, answer)]
+
+
+def arithmetic_closeness(prompts, completions, answer, **kwargs) -> list[float]:
+    return [closeness_score(_text(c), g) for c, g in zip(completions, answer)]
+
+
+def arithmetic_format(prompts, completions, **kwargs) -> list[float]:
+    return [format_score(_text(c)) for c in completions]
+
+
+arithmetic_correct.__doc__ = (
+    "1.0 when the final answer equals the gold (see grpokit.tasks.arithmetic)."
+)
+arithmetic_closeness.__doc__ = "1 / (1 + 10 |pred - gold| / max(1, |gold|)); 0 with no number."
+arithmetic_format.__doc__ = "1.0 one clean <answer>N</answer>; 0.5 other answer tag; 0.25 unclosed."
+
+for _fn in (arithmetic_correct, arithmetic_closeness, arithmetic_format):
+    # The reward library may already define these names (an earlier copy lived there);
+    # registering twice is an error, so keep whichever came first.
+    if _fn.__name__ not in registered_rewards():
+        register_reward(_fn.__name__)(_fn)
+
+
+# ---------------------------------------------------------------------- task
+def evaluate_expression(nums: list[int], ops: list[str]) -> int:
+    """Value of ``nums[0] ops[0] nums[1] ...`` with ``*`` before ``+``/``-``."""
+    terms, signs, cur = [], [], nums[0]
     for o, n in zip(ops, nums[1:]):
         if o == "*":
             cur *= n
@@ -117,3 +121,94 @@ def _evaluate(nums: list[int], ops: list[str]) -> int:
     for s, t in zip(signs, terms[1:]):
         total = total + t if s == "+" else total - t
     return total
+
+
+@dataclass
+class ArithmeticTask(Task):
+    default_reward_funcs: tuple = (
+        "arithmetic_correct",
+        "arithmetic_closeness",
+        "arithmetic_format",
+    )
+    default_reward_weights: tuple | None = (1.0, 0.5, 0.25)
+    default_system_prompt: str | None = SYSTEM_PROMPT
+    required_columns: tuple = ("question", "answer")
+
+    param_defaults: ClassVar[dict[str, Any]] = {
+        "ops": ["+"],
+        "digits": 1,
+        "num_operands": 2,
+        "train_size": 5000,
+        "test_size": None,
+    }
+
+    def configure(self) -> None:
+        if self.dataset_name not in (None, "generate"):
+            raise TaskDataError("task arithmetic generates its problems; leave dataset_name unset")
+        ops = self.p["ops"]
+        ops = [ops] if isinstance(ops, str) else list(ops)
+        if not ops or any(o not in OPS for o in ops):
+            raise TaskDataError(f"task arithmetic: ops={ops!r}; use a list drawn from {OPS}")
+        d = self.p["digits"]
+        lo, hi = (d, d) if isinstance(d, int) else (int(d[0]), int(d[1]))
+        if not 1 <= lo <= hi <= 12:
+            raise TaskDataError(f"task arithmetic: digits={d!r}; an int or [min, max] in 1..12")
+        self.ops, self.digits = sorted(set(ops), key=OPS.index), (lo, hi)
+        self.num_operands = int(self.p["num_operands"])
+        if self.num_operands < 2:
+            raise TaskDataError("task arithmetic: num_operands must be >= 2")
+        space = self.num_problems()
+        test = self.p["test_size"]
+        test = min(500, space // 5) if test is None else int(test)
+        if not 1 <= test <= space // 2:
+            raise TaskDataError(
+                f"task arithmetic: test_size={test} but these settings have only {space} "
+                f"distinct problems; use 1..{space // 2} (or more digits/operands)"
+            )
+        self.sizes = {"train": int(self.p["train_size"]), "test": test}
+
+    def num_problems(self) -> int:
+        """How many distinct expressions these settings can produce."""
+        lo, hi = self.digits
+        values = (10**hi) - (10 ** (lo - 1) if lo > 1 else 0)
+        return values**self.num_operands * len(self.ops) ** (self.num_operands - 1)
+
+    def _draw(self, rng: random.Random) -> dict[str, Any]:
+        nums = []
+        for _ in range(self.num_operands):
+            k = rng.randint(*self.digits)
+            nums.append(rng.randint(0 if k == 1 else 10 ** (k - 1), 10**k - 1))
+        ops = [rng.choice(self.ops) for _ in range(self.num_operands - 1)]
+        expr = str(nums[0]) + "".join(f" {o} {n}" for o, n in zip(ops, nums[1:]))
+        value = evaluate_expression(nums, ops)
+        return {"question": f"What is {expr}?", "expression": expr, "answer": str(value)}
+
+    def load_rows(self, split: str) -> list[dict[str, Any]]:
+        if split not in self.sizes:
+            raise TaskDataError(f"task arithmetic has splits 'train' and 'test', not {split!r}")
+        if split in self._cache:
+            return self._cache[split]
+        # Test: distinct problems from their own seeded stream; train: never one of them.
+        test_rng, test, held = random.Random(f"arith-test-{self.seed}"), [], set()
+        while len(test) < self.sizes["test"]:
+            r = self._draw(test_rng)
+            if r["expression"] not in held:
+                held.add(r["expression"])
+                test.append(r)
+        rng, train = random.Random(f"arith-train-{self.seed}"), []
+        while len(train) < self.sizes["train"]:
+            r = self._draw(rng)
+            if r["expression"] not in held:
+                train.append(r)
+        self._cache.update(train=train, test=test)
+        return self._cache[split]
+
+    def make_user_message(self, row: dict[str, Any]) -> str:
+        return row["question"]
+
+    def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
+        return correct_score(completion, row["answer"]) == 1.0
+
+    def is_formatted(self, completion: str) -> bool:
+        tagged = last_tag_content(completion, "answer")
+        return tagged is not None and NUMBER.search(tagged) is not None

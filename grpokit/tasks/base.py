@@ -6,24 +6,34 @@ A task owns its data and its grader side by side. The trainer sees only rows:
 
 where every other key (``answer``, ``nums``, ``target``, ...) is passed to the reward
 functions as a keyword argument, repeated for each of the prompt's G completions.
+
+Held-out data is always explicit: split "test" is either the source's own test split, or,
+when the task parameter ``test_size`` is set, a seeded slice of the source's train split
+that the "train" split then leaves out.
 """
 
 from __future__ import annotations
 
+import difflib
+import random
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
+
+SPLITS = ("train", "test")
 
 
 class TaskDataError(ValueError):
-    """A dataset does not have what the task needs (columns, rows, files)."""
+    """A dataset does not have what the task needs (columns, rows, files, parameters)."""
 
 
 @dataclass
 class Task:
-    """Base class. Subclasses set ``name`` and implement ``load_rows``, ``make_user_message``
-    and ``is_correct``.
+    """Base class. Subclasses implement ``make_user_message`` and ``is_correct``, and either
+    ``process_row`` (tasks read from a dataset) or ``load_rows`` (generated tasks).
 
-    ``params`` holds task-specific options from the recipe's ``task_params``.
+    ``params`` holds task-specific options from the recipe's ``task_params``; the keys a
+    task accepts, with their defaults, are its ``param_defaults``. Unknown keys are errors.
     """
 
     name: str = "task"
@@ -37,16 +47,106 @@ class Task:
     default_reward_funcs: tuple[Any, ...] = ()
     default_reward_weights: tuple[float, ...] | None = None
     default_system_prompt: str | None = None
-    # Columns each row must carry for the task's own rewards.
+    # Columns each built row must carry for the task's own rewards and grader.
     required_columns: tuple[str, ...] = ()
 
-    def load_rows(self, split: str) -> list[dict[str, Any]]:
-        """Raw rows of ``split`` ("train" or "test"), each a dict of plain values."""
-        raise NotImplementedError
+    param_defaults: ClassVar[dict[str, Any]] = {"test_size": None}
+    default_dataset: ClassVar[str | None] = None  # used when dataset_name is None
+    default_dataset_config: ClassVar[str | None] = None
 
+    _cache: dict[str, list[dict[str, Any]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.params if k not in self.param_defaults]
+        if unknown:
+            hints = []
+            for k in unknown:
+                close = difflib.get_close_matches(k, list(self.param_defaults), n=1)
+                hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            raise TaskDataError(
+                f"task {self.name!r}: unknown task_params {', '.join(hints)}; "
+                f"it takes {sorted(self.param_defaults)}"
+            )
+        self.p: dict[str, Any] = {**self.param_defaults, **self.params}
+        self.configure()
+
+    def configure(self) -> None:
+        """Validate and unpack ``self.p`` (hook for subclasses)."""
+
+    # ------------------------------------------------------------------ data
+    @property
+    def source(self) -> str | None:
+        return self.dataset_name if self.dataset_name is not None else self.default_dataset
+
+    def load_rows(self, split: str) -> list[dict[str, Any]]:
+        """Rows of ``split`` ("train" or "test"), each a dict of plain values."""
+        out = []
+        for r in self.source_rows(split):
+            row = self.process_row(r)
+            if row is not None:
+                out.append(row)
+        return out
+
+    def process_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """One source row -> the task's columns (None drops the row)."""
+        return dict(row)
+
+    def source_rows(self, split: str) -> list[dict[str, Any]]:
+        """Raw rows of ``split`` from ``self.source``, with the ``test_size`` hold-out applied."""
+        from grpokit.tasks.data import SplitNotFound
+
+        source = self.source
+        if source is None:
+            raise TaskDataError(f"task {self.name!r} needs dataset_name (a path or hub id)")
+        config = self.dataset_config or self.default_dataset_config
+        test_size = self.p.get("test_size")
+        if test_size is not None:
+            if split not in SPLITS:
+                raise TaskDataError(
+                    f"task {self.name!r} with test_size has splits {SPLITS}, not {split!r}"
+                )
+            return holdout(self._read(source, "train", config), split, test_size, self.seed)
+        p = Path(source).expanduser()
+        if p.is_file() and split != "train" and not p.name.startswith(split):
+            raise TaskDataError(
+                f"task {self.name!r}: {p} is one file, which serves as the 'train' split; for a "
+                f"held-out {split!r} split set task_params test_size (a count or a fraction, "
+                f"held out by seed), or give a directory with {split}.jsonl"
+            )
+        try:
+            return self._read(source, split, config)
+        except SplitNotFound as e:
+            raise TaskDataError(
+                f"{e}. Set task_params test_size (e.g. 500 or 0.05) to hold out a seeded "
+                "slice of the train split instead"
+            ) from e
+
+    def _read(self, source: str, split: str, config: str | None) -> list[dict[str, Any]]:
+        from grpokit.tasks.data import load_table
+
+        key = f"{source}|{config}|{split}"
+        if key not in self._cache:
+            self._cache[key] = load_table(source, split, config)
+        return self._cache[key]
+
+    # ------------------------------------------------------------------ prompts
     def make_user_message(self, row: dict[str, Any]) -> str:
         raise NotImplementedError
 
+    def effective_system_prompt(self) -> str | None:
+        return self.system_prompt if self.system_prompt is not None else self.default_system_prompt
+
+    def make_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        messages = []
+        system = self.effective_system_prompt()
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": self.make_user_message(row)})
+        return messages
+
+    # ------------------------------------------------------------------ grading
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
         """The task's grader for evaluation accuracy (the same test as its main reward)."""
         raise NotImplementedError
@@ -55,6 +155,7 @@ class Task:
         """Whether the completion follows the output format the prompt asks for."""
         return True
 
+    # ------------------------------------------------------------------ build
     def build(self, split: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Rows of ``split`` rendered as chat prompts: ``{"prompt": messages, **columns}``."""
         rows = self.load_rows(split)
@@ -62,23 +163,38 @@ class Task:
             rows = rows[:limit]
         if not rows:
             raise TaskDataError(
-                f"task {self.name!r}: split {split!r} of {self.dataset_name or 'its dataset'} is empty; "
-                "point dataset_name at a file or hub dataset with rows"
+                f"task {self.name!r}: split {split!r} of {self.source or 'its dataset'} is "
+                "empty; point dataset_name at a file or hub dataset with rows"
             )
-        missing = [c for c in self.required_columns if c not in rows[0]]
-        if missing:
-            raise TaskDataError(
-                f"task {self.name!r}: rows lack column(s) {missing} (have {sorted(rows[0])}); "
-                "use a dataset with those columns or set task_params to map them"
-            )
-        system = (
-            self.system_prompt if self.system_prompt is not None else self.default_system_prompt
-        )
-        out = []
-        for row in rows:
-            messages = []
-            if system:
-                messages.append({"role": "system", "content": system})
-            messages.append({"role": "user", "content": self.make_user_message(row)})
-            out.append({**row, "prompt": messages})
-        return out
+        for i, row in enumerate(rows):
+            missing = [c for c in self.required_columns if c not in row]
+            if missing:
+                raise TaskDataError(
+                    f"task {self.name!r}: row {i} of split {split!r} lacks column(s) {missing} "
+                    f"(has {sorted(row)}); use a dataset with those columns or set task_params "
+                    "to map them"
+                )
+        return [{**row, "prompt": self.make_messages(row)} for row in rows]
+
+
+def holdout(
+    rows: list[dict[str, Any]], split: str, test_size: int | float, seed: int
+) -> list[dict[str, Any]]:
+    """A seeded train/test partition of ``rows``; ``test_size`` is a count or a fraction in (0, 1).
+
+    Both parts keep the source order; the same (rows, test_size, seed) always gives the same
+    partition, and the two parts never share a row.
+    """
+    n = len(rows)
+    if isinstance(test_size, float) and 0 < test_size < 1:
+        k = max(1, round(n * test_size))
+    elif isinstance(test_size, (int, float)) and not isinstance(test_size, bool):
+        k = int(test_size)
+    else:
+        raise TaskDataError(f"test_size={test_size!r}; use a row count or a fraction in (0, 1)")
+    if not 0 < k < n:
+        raise TaskDataError(f"test_size={test_size!r} leaves no train or no test rows of {n}")
+    test_idx = set(random.Random(seed).sample(range(n), k))
+    if split == "test":
+        return [r for i, r in enumerate(rows) if i in test_idx]
+    return [r for i, r in enumerate(rows) if i not in test_idx]

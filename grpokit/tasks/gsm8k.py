@@ -1,20 +1,32 @@
-"""``gsm8k``: grade-school math word problems (Cobbe et al. 2021), gold = number after ####.
+"""``gsm8k``: grade-school math word problems (Cobbe et al. 2021); gold = the number after ####.
 
-Sources: a local directory or file (jsonl/json/parquet with question/answer; default the
-copy at ``../shared/data/gsm8k`` beside this repository, or ``$GRPOKIT_DATA_DIR/gsm8k``),
-or the hub id ``openai/gsm8k`` (config ``main``).
+Sources (``dataset_name``):
+
+- None: the local copy at ``$GRPOKIT_DATA_DIR/gsm8k`` if that variable is set, else
+  ``../shared/data/gsm8k`` beside this repository (``train.jsonl`` / ``test.jsonl``);
+- a local directory or file (jsonl/json/parquet/csv with ``question`` and ``answer``);
+- the hub id ``openai/gsm8k`` (config ``main`` unless ``dataset_config`` says otherwise).
+
+Rows: ``question``, ``answer`` (the gold number as a string, commas removed: "1,000" ->
+"1000"). Rewards: ``correctness`` (2.0 exact / 1.5 same number) and ``xml_format``.
+
+Graders: ``is_correct`` follows the ``correctness`` reward (the last ``<answer>`` content
+equals the gold, or both are the same single number, so "$1,000" matches 1000); with
+task_params ``strict: true`` it uses ``is_correct_strict`` instead: the reasoning/answer
+format is present and the last ``<answer>`` content is exactly the gold string, no
+number parsing and no fallback.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from grpokit.rewards.text import last_tag_content, parse_number
+from grpokit.tasks.answers import last_tag_content, parse_number
 from grpokit.tasks.base import Task, TaskDataError
-from grpokit.tasks.data import load_table
 
 SYSTEM_PROMPT = """Respond in the following format:
 <reasoning>
@@ -24,18 +36,47 @@ SYSTEM_PROMPT = """Respond in the following format:
 ...
 </answer>"""
 
+FORMAT_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 
-def default_gsm8k_dir() -> Path:
+
+def repo_root() -> Path:
+    """The repository that holds this package (``grpokit/tasks/gsm8k.py`` -> ``.``)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def data_dir() -> Path:
+    """Root of the local data copies: ``$GRPOKIT_DATA_DIR``, else ``../shared/data``."""
     env = os.environ.get("GRPOKIT_DATA_DIR")
-    if env:
-        return Path(env) / "gsm8k"
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+    return Path(env).expanduser() if env else repo_root().parent / "shared" / "data"
 
 
 def extract_gold(answer: str) -> str:
+    """The final number of a GSM8K solution: the text after the last ``####``, no commas."""
     if "####" not in answer:
-        raise TaskDataError(f"gsm8k answer has no '####' gold marker: {answer[-80:]!r}")
-    return answer.split("####")[-1].strip().replace(",", "")
+        raise TaskDataError(f"gsm8k answer has no '####' gold marker: ...{answer[-80:]!r}")
+    gold = answer.rsplit("####", 1)[1].strip().replace(",", "")
+    if not gold:
+        raise TaskDataError(f"gsm8k answer has nothing after '####': ...{answer[-80:]!r}")
+    return gold
+
+
+def lenient_correct(completion: str, gold: str) -> bool:
+    """The ``correctness`` reward's rule: last <answer> equals gold, or the same number."""
+    got = last_tag_content(completion, "answer")
+    if got is None:
+        return False
+    if got == str(gold).strip():
+        return True
+    a, b = parse_number(got), parse_number(str(gold))
+    return a is not None and b is not None and math.isclose(a, b)
+
+
+def strict_correct(completion: str, gold: str) -> bool:
+    """No fallbacks: all four format tags present and the last <answer> is exactly ``gold``."""
+    return (
+        all(t in completion for t in FORMAT_TAGS)
+        and last_tag_content(completion, "answer") == str(gold).strip()
+    )
 
 
 @dataclass
@@ -44,31 +85,39 @@ class GSM8KTask(Task):
     default_system_prompt: str | None = SYSTEM_PROMPT
     required_columns: tuple = ("question", "answer")
 
-    def load_rows(self, split: str) -> list[dict[str, Any]]:
-        source = self.dataset_name or str(default_gsm8k_dir())
-        raw = load_table(source, split, config=self.dataset_config or "main")
-        rows = []
-        for r in raw:
-            if "question" not in r or "answer" not in r:
-                raise TaskDataError(
-                    f"gsm8k rows need 'question' and 'answer' columns; got {sorted(r)}"
-                )
-            rows.append({"question": r["question"], "answer": extract_gold(str(r["answer"]))})
-        return rows
+    param_defaults: ClassVar[dict[str, Any]] = {"test_size": None, "strict": False}
+    default_dataset_config: ClassVar[str | None] = "main"
+
+    @property
+    def source(self) -> str:
+        return self.dataset_name if self.dataset_name is not None else str(data_dir() / "gsm8k")
+
+    def source_rows(self, split: str) -> list[dict[str, Any]]:
+        if self.dataset_name is None and not Path(self.source).exists():
+            raise TaskDataError(
+                f"the local GSM8K copy {self.source} does not exist; set GRPOKIT_DATA_DIR to "
+                "a directory holding gsm8k/train.jsonl and gsm8k/test.jsonl, or set "
+                "dataset_name to a path or to the hub id 'openai/gsm8k'"
+            )
+        return super().source_rows(split)
+
+    def process_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        if "question" not in row or "answer" not in row:
+            raise TaskDataError(
+                f"gsm8k rows need 'question' and 'answer' columns; got {sorted(row)}"
+            )
+        return {"question": row["question"], "answer": extract_gold(str(row["answer"]))}
 
     def make_user_message(self, row: dict[str, Any]) -> str:
         return row["question"]
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
-        got = last_tag_content(completion, "answer")
-        if got is None:
-            return False
-        if got == row["answer"]:
-            return True
-        a, b = parse_number(got), parse_number(row["answer"])
-        return a is not None and b is not None and abs(a - b) < 1e-9
+        if self.p["strict"]:
+            return self.is_correct_strict(completion, row)
+        return lenient_correct(completion, row["answer"])
+
+    def is_correct_strict(self, completion: str, row: dict[str, Any]) -> bool:
+        return strict_correct(completion, row["answer"])
 
     def is_formatted(self, completion: str) -> bool:
-        return all(
-            t in completion for t in ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
-        )
+        return all(t in completion for t in FORMAT_TAGS)

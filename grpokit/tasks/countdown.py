@@ -1,0 +1,253 @@
+"""``countdown``: reach a target with + - * / using each given number exactly once.
+
+Sources (``dataset_name``):
+
+- None or ``"generate"``: our seeded generator. Each problem has 3 or 4 numbers (equally
+  likely), each 1-99 (repeats allowed), and a target 10-100 that is reachable using every
+  number exactly once with +, -, *, exact / and every intermediate value a non-negative
+  integer (checked by exhaustive search; the ``solution`` column holds one such equation).
+  Parameters: ``train_size`` (default 10000), ``test_size`` (default 500).
+- rows with ``nums`` and ``target`` (the Countdown-Tasks-3to4 layout): a local
+  json/jsonl/parquet/csv file or directory, or the hub id ``Jiayi-Pan/Countdown-Tasks-3to4``
+  (train split only, so set ``test_size`` for a seeded held-out slice).
+
+Grader (``is_correct``), the ms-swift / TinyZero countdown reward's rule: take the FIRST
+``<answer>...</answer>`` on one line; drop everything from the first ``=``; the integers
+written must be the given numbers as a multiset; only digits, ``+-*/().`` and spaces are
+allowed; the value must be within 1e-5 of the target. The expression is evaluated by a
+small AST walker, not ``eval``; powers (``**``) whose result would exceed 2**4096 (which
+``eval`` could hang on) count as wrong.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import random
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar
+
+from grpokit.tasks.base import Task, TaskDataError
+
+SYSTEM_PROMPT = (
+    "You are a helpful assistant. You first think about the reasoning process in your mind "
+    "and then provide the user with the answer."
+)
+USER_TEMPLATE = (
+    "Using the numbers {nums}, create an equation that equals {target}. You can use basic "
+    "arithmetic operations (+, -, *, /) and each number must be used exactly once. Show your "
+    "work in <think> </think> tags. And return the final equation in <answer> </answer> tags, "
+    "for example <answer> (1 + 2) / 3 </answer>."
+)
+HUB_ID = "Jiayi-Pan/Countdown-Tasks-3to4"
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>")  # no DOTALL: as in ms-swift / TinyZero
+_ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
+_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>(?![\s\S])", re.DOTALL)
+
+
+# ---------------------------------------------------------------------- safe evaluation
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def safe_eval(expr: str) -> float | int:
+    """Value of an arithmetic expression of numbers, + - * / // % ** and parentheses.
+
+    Raises ValueError (or ZeroDivisionError, OverflowError) on anything else: names,
+    calls, attributes, and powers too big to compute.
+    """
+    return _eval(ast.parse(expr.strip(), mode="eval").body)
+
+
+def _eval(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow):
+            if abs(a) > 1 and abs(b) * math.log2(abs(a)) > 4096:
+                raise OverflowError("power too large")
+            out = a**b
+            if isinstance(out, complex):
+                raise ValueError("complex result")
+            return out
+        if type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](a, b)
+    raise ValueError(f"not allowed in an equation: {ast.dump(node)[:60]}")
+
+
+def first_answer(text: str) -> str | None:
+    """Content of the first one-line ``<answer>...</answer>``, stripped, else None."""
+    m = _ANSWER.search(text)
+    return m.group(1).strip() if m else None
+
+
+def equation_score(equation: str, nums: list[int], target: float) -> float:
+    """1.0 if ``equation`` (text after '=' ignored) uses exactly ``nums`` and makes ``target``."""
+    equation = equation.split("=")[0]
+    try:
+        used = [int(n) for n in re.findall(r"\d+", equation)]
+        if sorted(used) != sorted(int(n) for n in nums):
+            return 0.0
+        if not _ALLOWED.match(equation):
+            return 0.0
+        value = safe_eval(equation)
+        return 1.0 if abs(float(value) - float(target)) < 1e-5 else 0.0
+    except Exception:  # syntax errors, division by zero, overflow: wrong, like the reward
+        return 0.0
+
+
+def countdown_score(completion: str, nums: list[int], target: float) -> float:
+    """The ms-swift countdown reward for one completion: 1.0 or 0.0."""
+    eq = first_answer(completion)
+    return 0.0 if eq is None else equation_score(eq, nums, target)
+
+
+def is_think_answer_format(completion: str) -> bool:
+    """``<think>...</think>`` then ``<answer>...</answer>`` and nothing after (ms-swift format)."""
+    return _FORMAT.match(completion) is not None
+
+
+# ---------------------------------------------------------------------- generator
+def _combine(a: tuple[int, str], b: tuple[int, str]) -> list[tuple[int, str]]:
+    """Every value reachable from two (value, expr) pairs with non-negative integer results."""
+    (x, ex), (y, ey) = a, b
+    out = [(x + y, f"({ex} + {ey})"), (x * y, f"({ex} * {ey})")]
+    if x >= y:
+        out.append((x - y, f"({ex} - {ey})"))
+    if y > x:
+        out.append((y - x, f"({ey} - {ex})"))
+    if y and x % y == 0:
+        out.append((x // y, f"({ex} / {ey})"))
+    if x and y % x == 0 and x != y:
+        out.append((y // x, f"({ey} / {ex})"))
+    return out
+
+
+@lru_cache(maxsize=1 << 18)
+def reachable(values: tuple[int, ...]) -> frozenset[int]:
+    """Every value made by using each of ``values`` (sorted) exactly once, all steps in N."""
+    if len(values) == 1:
+        return frozenset(values)
+    out: set[int] = set()
+    n = len(values)
+    for i in range(n):
+        for j in range(i + 1, n):
+            rest = values[:i] + values[i + 1 : j] + values[j + 1 :]
+            for v, _ in _combine((values[i], ""), (values[j], "")):
+                out |= reachable(tuple(sorted(rest + (v,))))
+    return frozenset(out)
+
+
+def solve(nums: list[int], target: int) -> str | None:
+    """One equation using each of ``nums`` once that makes ``target``, or None."""
+    if target not in reachable(tuple(sorted(nums))):
+        return None
+    return _solve([(x, str(x)) for x in nums], target)[1:-1]  # drop the outermost parentheses
+
+
+def _solve(items: list[tuple[int, str]], target: int) -> str:
+    if len(items) == 1:
+        return items[0][1]
+    for i in range(len(items)):
+        for j in range(i + 1, len(items)):
+            rest = items[:i] + items[i + 1 : j] + items[j + 1 :]
+            for v, e in _combine(items[i], items[j]):
+                new = rest + [(v, e)]
+                if target in reachable(tuple(sorted(x for x, _ in new))):
+                    return _solve(new, target)
+    raise AssertionError("unreachable: target was in the reachable set")
+
+
+def generate_problem(rng: random.Random) -> dict[str, Any]:
+    """One solvable problem: 3 or 4 numbers in 1..99, a target in 10..100, a solution."""
+    while True:
+        nums = [rng.randint(1, 99) for _ in range(rng.choice((3, 4)))]
+        targets = sorted(t for t in reachable(tuple(sorted(nums))) if 10 <= t <= 100)
+        if targets:
+            target = rng.choice(targets)
+            return {"nums": nums, "target": target, "solution": solve(nums, target)}
+
+
+# ---------------------------------------------------------------------- task
+@dataclass
+class CountdownTask(Task):
+    default_reward_funcs: tuple = ("countdown", "format")
+    default_system_prompt: str | None = SYSTEM_PROMPT
+    required_columns: tuple = ("nums", "target")
+
+    param_defaults: ClassVar[dict[str, Any]] = {"train_size": 5000, "test_size": None}
+
+    @property
+    def generated(self) -> bool:
+        return self.dataset_name in (None, "generate")
+
+    def configure(self) -> None:
+        if self.generated:
+            test = self.p["test_size"]
+            self.sizes = {
+                "train": int(self.p["train_size"]),
+                "test": 500 if test is None else int(test),
+            }
+        elif self.p["train_size"] != self.param_defaults["train_size"]:
+            raise TaskDataError(
+                "task countdown: train_size applies to generated problems only; "
+                "use max_train_samples to cap a dataset"
+            )
+
+    def load_rows(self, split: str) -> list[dict[str, Any]]:
+        if not self.generated:
+            return super().load_rows(split)
+        if split not in self.sizes:
+            raise TaskDataError(f"task countdown has splits 'train' and 'test', not {split!r}")
+        if split in self._cache:
+            return self._cache[split]
+        key = lambda r: (tuple(sorted(r["nums"])), r["target"])  # noqa: E731
+        test_rng = random.Random(f"countdown-test-{self.seed}")
+        test = [generate_problem(test_rng) for _ in range(self.sizes["test"])]
+        self._cache["test"] = test
+        if split == "test":
+            return test
+        held = {key(r) for r in test}
+        rng, train = random.Random(f"countdown-train-{self.seed}"), []
+        while len(train) < self.sizes["train"]:
+            r = generate_problem(rng)
+            if key(r) not in held:
+                train.append(r)
+        self._cache["train"] = train
+        return train
+
+    def process_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        if "nums" not in row or "target" not in row:
+            raise TaskDataError(
+                f"countdown rows need 'nums' and 'target' columns; got {sorted(row)}"
+            )
+        nums = row["nums"]
+        if isinstance(nums, str):  # csv: "[1, 2, 3]" or "1 2 3"
+            nums = re.findall(r"\d+", nums)
+        out = {"nums": [int(n) for n in nums], "target": int(row["target"])}
+        if row.get("solution") is not None:
+            out["solution"] = row["solution"]
+        return out
+
+    def make_user_message(self, row: dict[str, Any]) -> str:
+        return USER_TEMPLATE.format(nums=row["nums"], target=row["target"])
+
+    def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
+        return countdown_score(completion, row["nums"], row["target"]) == 1.0
+
+    def is_formatted(self, completion: str) -> bool:
+        return is_think_answer_format(completion)

@@ -1,0 +1,56 @@
+"""``tldr``: summarise a post in about ``target_length`` characters (a prompt-only task).
+
+Sources: rows with a ``prompt`` column (the text to summarise, e.g. "SUBREDDIT: ... POST:
+... TL;DR:"): a local file or directory, or the hub ids ``mlabonne/smoltldr`` (the
+default; train/validation/test) or ``trl-lib/tldr``.
+
+There is no gold answer: the reward is ``length_target`` (shorter distance to the target
+length scores higher; set its target in ``reward_funcs`` to match ``target_length`` when
+you change it). The grader counts a completion correct when its length in characters
+(stripped) is within ``tolerance`` of ``target_length``.
+
+Parameters: ``target_length`` (default 50 characters, as in the smoltldr GRPO
+tutorial), ``tolerance`` (default 10), ``test_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from grpokit.tasks.base import Task, TaskDataError
+
+HUB_ID = "mlabonne/smoltldr"
+
+
+@dataclass
+class TLDRTask(Task):
+    default_reward_funcs: tuple = ("length_target",)
+    default_system_prompt: str | None = None
+    required_columns: tuple = ("text",)
+
+    param_defaults: ClassVar[dict[str, Any]] = {
+        "target_length": 50,
+        "tolerance": 10,
+        "test_size": None,
+    }
+    default_dataset: ClassVar[str | None] = HUB_ID
+
+    def configure(self) -> None:
+        self.target_length, self.tolerance = int(self.p["target_length"]), int(self.p["tolerance"])
+        if self.target_length <= 0 or self.tolerance < 0:
+            raise TaskDataError("task tldr: target_length must be > 0 and tolerance >= 0")
+
+    def process_row(self, row: dict[str, Any]) -> dict[str, Any]:
+        if "prompt" not in row:
+            raise TaskDataError(f"tldr rows need a 'prompt' column; got {sorted(row)}")
+        text = row["prompt"]
+        if isinstance(text, list):  # already chat messages: keep the user turn
+            text = next((m["content"] for m in text if m.get("role") == "user"), "")
+        return {"text": str(text), "target_length": self.target_length}
+
+    def make_user_message(self, row: dict[str, Any]) -> str:
+        return row["text"]
+
+    def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
+        return abs(len(completion.strip()) - self.target_length) <= self.tolerance
