@@ -1,0 +1,129 @@
+"""arithmetic: seeded generation, held-out test, rewards and graders."""
+
+import pytest
+
+from grpokit.tasks import TaskDataError, get_task
+from grpokit.tasks.arithmetic import (
+    arithmetic_closeness,
+    arithmetic_correct,
+    arithmetic_format,
+    final_answer,
+)
+
+
+def test_deterministic_under_a_seed():
+    a = get_task("arithmetic", seed=3, digits=2, train_size=50, test_size=10)
+    b = get_task("arithmetic", seed=3, digits=2, train_size=50, test_size=10)
+    c = get_task("arithmetic", seed=4, digits=2, train_size=50, test_size=10)
+    assert a.build("train") == b.build("train") and a.build("test") == b.build("test")
+    assert a.build("train") != c.build("train")
+
+
+def test_test_is_distinct_and_never_trained_on():
+    t = get_task("arithmetic", digits=1, train_size=500)  # 100 problems: 20 held out
+    test, train = t.build("test"), t.build("train")
+    assert len(test) == 20 and len({r["expression"] for r in test}) == 20
+    assert len(train) == 500
+    assert {r["expression"] for r in test}.isdisjoint(r["expression"] for r in train)
+
+
+def test_rows_are_right():
+    t = get_task(
+        "arithmetic",
+        ops=["+", "-", "*"],
+        digits=[1, 3],
+        num_operands=3,
+        train_size=300,
+        test_size=20,
+    )
+    rows = t.build("train")
+    for r in rows:
+        assert r["question"] == f"What is {r['expression']}?"
+        assert r["answer"] == str(eval(r["expression"]))  # noqa: S307 (our own digits/ops)
+        nums = [int(x) for x in r["expression"].split()[::2]]
+        assert len(nums) == 3 and all(0 <= n <= 999 for n in nums)
+    ops = {o for r in rows for o in r["expression"].split()[1::2]}
+    assert ops == {"+", "-", "*"}
+    one = get_task("arithmetic", digits=2, train_size=200, test_size=5).build("train")
+    assert all(10 <= int(x) <= 99 for r in one for x in r["expression"].split()[::2])
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"ops": ["/"]}, "ops"),
+        ({"digits": 0}, "digits"),
+        ({"digits": [3, 2]}, "digits"),
+        ({"num_operands": 1}, "num_operands"),
+        ({"test_size": 60}, "only 100 distinct"),
+    ],
+)
+def test_bad_params(params, match):
+    with pytest.raises(TaskDataError, match=match):
+        get_task("arithmetic", **params)
+
+
+def test_dataset_name_is_refused():
+    with pytest.raises(TaskDataError, match="generates"):
+        get_task("arithmetic", dataset_name="some/data")
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("12 + 7 = 19", 19.0),
+        ("<answer>19</answer> and then 3", 19.0),
+        ("<answer>the sum is 19</answer>", 19.0),
+        ("<answer>1</answer> no, <answer>-4</answer>", -4.0),
+        ("<answer>none</answer> 5", None),  # a tag without a number: no fallback
+        ("1,234", 1234.0),
+        ("nothing", None),
+        ("<answer>5", 5.0),  # unclosed: the last number
+    ],
+)
+def test_final_answer(text, value):
+    assert final_answer(text) == value
+
+
+def _r(fn, texts, gold="19"):
+    return fn(prompts=[None] * len(texts), completions=texts, answer=[gold] * len(texts))
+
+
+def test_rewards_exact_values():
+    texts = [
+        "<answer>19</answer>",
+        "19",
+        "<answer>20</answer>",
+        "x",
+        "<answer>19</answer><answer>19</answer>",
+        "<answer>it is 19</answer>",
+        "<answer>19",
+        [{"role": "assistant", "content": "so 19"}],
+    ]
+    assert _r(arithmetic_correct, texts) == [1, 1, 0, 0, 1, 1, 1, 1]
+    assert _r(arithmetic_format, texts) == [1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.25, 0.0]
+    close = _r(arithmetic_closeness, texts)
+    assert close[0] == 1.0 and close[3] == 0.0
+    assert close[2] == pytest.approx(1 / (1 + 10 / 19))
+    assert _r(arithmetic_closeness, ["3"], gold="0") == [pytest.approx(1 / 31)]
+    assert _r(arithmetic_closeness, ["-1"], gold="1") == [pytest.approx(1 / 21)]
+
+
+def test_rewards_are_registered_by_name():
+    from grpokit.rewards import get_reward_funcs
+
+    t = get_task("arithmetic")
+    funcs = get_reward_funcs(list(t.default_reward_funcs))
+    assert len(funcs) == len(t.default_reward_weights) == 3
+    out = [f(prompts=[None], completions=["<answer>7</answer>"], answer=["7"])[0] for f in funcs]
+    assert out == [1.0, 1.0, 1.0]
+
+
+def test_graders():
+    t = get_task("arithmetic")
+    row = {"answer": "19"}
+    assert t.is_correct("I think 19", row) and t.is_correct("<answer>19.0</answer>", row)
+    assert t.is_correct("<answer>19</answer> wait, 20", row)  # the tag wins
+    assert not t.is_correct("19 or 20", row)
+    assert t.is_formatted("<answer> 19 </answer>") and t.is_formatted("<answer>x 3</answer>")
+    assert not t.is_formatted("<answer>x</answer>") and not t.is_formatted("19")

@@ -1,0 +1,128 @@
+"""math (math-verify grader), tldr (length grader) and custom (any table) tasks."""
+
+import pytest
+
+from grpokit.tasks import TaskDataError, get_task
+
+
+@pytest.fixture
+def math_dir(tmp_path, write_jsonl):
+    rows = [
+        {
+            "problem": "Half of 1?",
+            "solution": "It is $\\boxed{\\frac12}$.",
+            "answer": "\\frac{1}{2}",
+            "generations": ["long"] * 3,
+            "uuid": "a",
+        },
+        {"problem": "Root of 8?", "solution": "So $x=\\boxed{2\\sqrt{2}}$.", "answer": ""},
+        {"problem": "No answer", "solution": "no latex here", "answer": None},
+    ]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    return tmp_path
+
+
+def test_math_rows(math_dir):
+    rows = get_task("math", dataset_name=str(math_dir)).build("train")
+    assert [r["solution"] for r in rows] == [
+        "$\\frac{1}{2}$",
+        "So $x=\\boxed{2\\sqrt{2}}$.",
+        "no latex here",
+    ]
+    assert set(rows[0]) == {"prompt", "problem", "answer", "solution"}  # bulky columns dropped
+    assert "\\boxed{}" in rows[0]["prompt"][0]["content"]
+
+
+@pytest.mark.parametrize(
+    "completion, i, ok",
+    [
+        ("<think>x</think><answer>\\boxed{0.5}</answer>", 0, True),
+        ("so $\\boxed{\\dfrac{1}{2}}$", 0, True),
+        ("the answer is 0.5", 0, False),  # no LaTeX answer, no anchor-less fallback
+        ("$\\boxed{1/3}$", 0, False),
+        ("$\\boxed{\\sqrt{8}}$", 1, True),  # gold from the solution's \\boxed
+        ("$\\boxed{2.83}$", 1, False),
+        ("$\\boxed{1}$", 2, False),  # unparseable gold: never correct
+        ("", 0, False),
+    ],
+)
+def test_math_grader(math_dir, completion, i, ok):
+    t = get_task("math", dataset_name=str(math_dir))
+    row = t.build("train")[i]
+    assert t.is_correct(completion, row) is ok
+
+
+def test_math_default_source_is_the_hub_id():
+    t = get_task("math")
+    assert t.source == "open-r1/OpenR1-Math-220k" and t.default_reward_funcs == ("accuracy",)
+
+
+def test_tldr(tmp_path, write_jsonl):
+    write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"prompt": "POST: a\nTL;DR:", "completion": "c"},
+            {"prompt": [{"role": "user", "content": "POST: b"}], "completion": "c"},
+        ],
+    )
+    t = get_task("tldr", dataset_name=str(tmp_path), target_length=20, tolerance=2)
+    rows = t.build("train")
+    assert [r["prompt"] for r in rows] == [
+        [{"role": "user", "content": "POST: a\nTL;DR:"}],
+        [{"role": "user", "content": "POST: b"}],
+    ]
+    assert rows[0]["target_length"] == 20
+    assert t.is_correct("x" * 20, rows[0]) and t.is_correct(" " + "x" * 22 + "\n", rows[0])
+    assert t.is_correct("x" * 18, rows[0])
+    assert not t.is_correct("x" * 23, rows[0]) and not t.is_correct("", rows[0])
+    assert get_task("tldr").source == "mlabonne/smoltldr"
+    with pytest.raises(TaskDataError, match="target_length"):
+        get_task("tldr", target_length=0)
+
+
+def test_custom_with_answer(tmp_path):
+    (tmp_path / "qa.csv").write_text("q,a,topic,junk\nWhat is 2+2?,4,add,z\nAnd 3*3?,9,mul,z\n")
+    t = get_task(
+        "custom",
+        dataset_name=str(tmp_path / "qa.csv"),
+        prompt_column="q",
+        answer_column="a",
+        reward_columns=["topic"],
+    )
+    rows = t.build("train")
+    assert rows[0]["answer"] == "4" and rows[0]["topic"] == "add" and "junk" not in rows[0]
+    assert rows[0]["prompt"][-1] == {"role": "user", "content": "What is 2+2?"}
+    assert t.default_reward_funcs == ("correctness", "xml_format")
+    assert t.is_correct("<answer>4</answer>", rows[0])
+    assert not t.is_correct("4", rows[0])
+
+
+def test_custom_prompt_only_and_chat_prompts(tmp_path, write_jsonl):
+    f = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"messages": [{"role": "user", "content": "hi"}]},
+            {
+                "messages": [
+                    {"role": "system", "content": "mine"},
+                    {"role": "user", "content": "yo"},
+                ]
+            },
+        ],
+    )
+    t = get_task("generic", dataset_name=str(f), prompt_column="messages", system_prompt="S")
+    rows = t.build("train")
+    assert rows[0]["prompt"] == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "hi"},
+    ]
+    assert rows[1]["prompt"][0] == {"role": "system", "content": "mine"}
+    assert t.default_reward_funcs == () and not t.is_correct("anything", rows[0])
+
+
+def test_custom_errors(tmp_path, write_jsonl):
+    with pytest.raises(TaskDataError, match="needs dataset_name"):
+        get_task("custom")
+    f = write_jsonl(tmp_path / "p.jsonl", [{"text": "hi"}])
+    with pytest.raises(TaskDataError, match=r"lacks column\(s\) \['prompt'\]"):
+        get_task("custom", dataset_name=str(f)).build("train")
