@@ -15,13 +15,17 @@ Rewards registered here (partial credit, because a 135M model on CPU starts at ~
 (1-digit) / ~18% (2-digit) by its last number and never writes strict tag formats):
 
 - ``arithmetic_correct``: 1.0 when the final answer equals the gold, else 0.0. The final
-  answer is the last number inside the last ``<answer>...</answer>`` if the text has one,
-  else the last number anywhere in the text.
+  answer is the content of the last ``<answer>...</answer>`` read as one number ("1,234",
+  "$5" and "7." are numbers; "x = 5" is not) if the text has an answer tag, else the last
+  number anywhere in the text.
 - ``arithmetic_closeness``: ``1 / (1 + 10 * |pred - gold| / max(1, |gold|))``; 0.0 with no
-  number. 1.0 when exact, 0.5 when off by a tenth of the gold.
-- ``arithmetic_format``: 1.0 for exactly one ``<answer>N</answer>`` holding only a number;
-  0.5 for a complete answer tag otherwise (extra words, several tags); 0.25 for an opening
-  ``<answer>`` that is never closed; 0.0 with no answer tag.
+  final answer. 1.0 when exact, 0.5 when off by a tenth of the gold.
+- ``arithmetic_format``: 1.0 for exactly one ``<answer>N</answer>`` holding only a number
+  and ending the completion (trailing whitespace allowed); 0.5 for an answer tag holding a
+  number otherwise (text after it, several tags); 0.0 otherwise.
+
+The same functions were first written in ``grpokit/rewards/builtin.py``; whichever module
+registers a name first keeps it, and ``tests/tasks`` checks both give the same numbers.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from grpokit.rewards.registry import register_reward, registered_rewards
-from grpokit.tasks.answers import NUMBER, last_number, last_tag_content, parse_number
+from grpokit.tasks.answers import last_number, last_tag_content, parse_number
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (
@@ -44,9 +48,10 @@ OPS = ("+", "-", "*")
 
 # ---------------------------------------------------------------------- grading
 def final_answer(text: str) -> float | None:
-    """Last number in the last ``<answer>`` tag if there is one, else the last number."""
+    """The last ``<answer>`` content as one number if there is an answer tag, else the last
+    number in the text."""
     tagged = last_tag_content(text, "answer")
-    return last_number(tagged if tagged is not None else text)
+    return parse_number(tagged) if tagged is not None else last_number(text)
 
 
 def _text(c: Any) -> str:
@@ -72,10 +77,9 @@ def closeness_score(text: str, gold: Any) -> float:
 
 
 def format_score(text: str) -> float:
-    tagged = last_tag_content(text, "answer")
-    if tagged is None:
-        return 0.25 if "<answer>" in text else 0.0
-    if text.count("<answer>") == 1 and parse_number(tagged) is not None:
+    if parse_number(last_tag_content(text, "answer")) is None:
+        return 0.0
+    if text.count("<answer>") == 1 and text.rstrip().endswith("</answer>"):
         return 1.0
     return 0.5
 
@@ -96,7 +100,9 @@ arithmetic_correct.__doc__ = (
     "1.0 when the final answer equals the gold (see grpokit.tasks.arithmetic)."
 )
 arithmetic_closeness.__doc__ = "1 / (1 + 10 |pred - gold| / max(1, |gold|)); 0 with no number."
-arithmetic_format.__doc__ = "1.0 one clean <answer>N</answer>; 0.5 other answer tag; 0.25 unclosed."
+arithmetic_format.__doc__ = (
+    "1.0 one final <answer>N</answer>; 0.5 other numeric answer tag; else 0."
+)
 
 for _fn in (arithmetic_correct, arithmetic_closeness, arithmetic_format):
     # The reward library may already define these names (an earlier copy lived there);
@@ -210,5 +216,4 @@ class ArithmeticTask(Task):
         return correct_score(completion, row["answer"]) == 1.0
 
     def is_formatted(self, completion: str) -> bool:
-        tagged = last_tag_content(completion, "answer")
-        return tagged is not None and NUMBER.search(tagged) is not None
+        return parse_number(last_tag_content(completion, "answer")) is not None

@@ -73,16 +73,35 @@ def test_dataset_name_is_refused():
     [
         ("12 + 7 = 19", 19.0),
         ("<answer>19</answer> and then 3", 19.0),
-        ("<answer>the sum is 19</answer>", 19.0),
+        ("<answer> $1,019. </answer>", 1019.0),
+        ("<answer>the sum is 19</answer>", None),  # a tag must hold just a number
         ("<answer>1</answer> no, <answer>-4</answer>", -4.0),
         ("<answer>none</answer> 5", None),  # a tag without a number: no fallback
         ("1,234", 1234.0),
         ("nothing", None),
         ("<answer>5", 5.0),  # unclosed: the last number
+        ("<answer>\n7\n</answer>", 7.0),
     ],
 )
 def test_final_answer(text, value):
     assert final_answer(text) == value
+
+
+TEXTS = [
+    "<answer>19</answer>",
+    "19",
+    "<answer>20</answer>",
+    "x",
+    "<answer>19</answer><answer>19</answer>",
+    "<answer>it is 19</answer>",
+    "<answer>19",
+    "<answer>19</answer>\n",
+    "<answer>19</answer> done",
+    "3 + 16 = 19.",
+    "<answer>-19</answer>",
+    "<answer>1,9</answer>",
+    [{"role": "assistant", "content": "so 19"}],
+]
 
 
 def _r(fn, texts, gold="19"):
@@ -90,33 +109,27 @@ def _r(fn, texts, gold="19"):
 
 
 def test_rewards_exact_values():
-    texts = [
-        "<answer>19</answer>",
-        "19",
-        "<answer>20</answer>",
-        "x",
-        "<answer>19</answer><answer>19</answer>",
-        "<answer>it is 19</answer>",
-        "<answer>19",
-        [{"role": "assistant", "content": "so 19"}],
-    ]
-    assert _r(arithmetic_correct, texts) == [1, 1, 0, 0, 1, 1, 1, 1]
-    assert _r(arithmetic_format, texts) == [1.0, 0.0, 1.0, 0.0, 0.5, 0.5, 0.25, 0.0]
-    close = _r(arithmetic_closeness, texts)
-    assert close[0] == 1.0 and close[3] == 0.0
+    assert _r(arithmetic_correct, TEXTS) == [1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 1]
+    assert _r(arithmetic_format, TEXTS) == [1, 0, 1, 0, 0.5, 0, 0, 1, 0.5, 0, 1, 1, 0]
+    close = _r(arithmetic_closeness, TEXTS)
+    assert close[0] == 1.0 and close[3] == 0.0 and close[5] == 0.0
     assert close[2] == pytest.approx(1 / (1 + 10 / 19))
+    assert close[10] == pytest.approx(1 / 21)
     assert _r(arithmetic_closeness, ["3"], gold="0") == [pytest.approx(1 / 31)]
     assert _r(arithmetic_closeness, ["-1"], gold="1") == [pytest.approx(1 / 21)]
 
 
-def test_rewards_are_registered_by_name():
+def test_registered_rewards_give_the_same_numbers():
+    """Whichever module registered the names, the recipe gets these exact rewards."""
     from grpokit.rewards import get_reward_funcs
 
     t = get_task("arithmetic")
     funcs = get_reward_funcs(list(t.default_reward_funcs))
     assert len(funcs) == len(t.default_reward_weights) == 3
-    out = [f(prompts=[None], completions=["<answer>7</answer>"], answer=["7"])[0] for f in funcs]
-    assert out == [1.0, 1.0, 1.0]
+    mine = (arithmetic_correct, arithmetic_closeness, arithmetic_format)
+    for gold in ("19", "0", "-19", "1000"):
+        for f, m in zip(funcs, mine):
+            assert _r(f, TEXTS, gold) == pytest.approx(_r(m, TEXTS, gold)), (m.__name__, gold)
 
 
 def test_graders():
@@ -125,5 +138,7 @@ def test_graders():
     assert t.is_correct("I think 19", row) and t.is_correct("<answer>19.0</answer>", row)
     assert t.is_correct("<answer>19</answer> wait, 20", row)  # the tag wins
     assert not t.is_correct("19 or 20", row)
-    assert t.is_formatted("<answer> 19 </answer>") and t.is_formatted("<answer>x 3</answer>")
-    assert not t.is_formatted("<answer>x</answer>") and not t.is_formatted("19")
+    for text in TEXTS[:-1]:
+        assert t.is_correct(text, row) is (_r(arithmetic_correct, [text])[0] == 1.0)
+    assert t.is_formatted("<answer> 19 </answer>") and t.is_formatted("<answer>19</answer> x")
+    assert not t.is_formatted("<answer>x 3</answer>") and not t.is_formatted("19")
