@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
@@ -27,3 +28,12 @@ def last_number(text: str) -> float | None:
     """The last number written in ``text`` ("1,234" counts as 1234), else None."""
     found = NUMBER.findall(text)
     return parse_number(found[-1]) if found else None
+
+
+def completion_text(c: Any) -> str:
+    """A completion as text: a string, or chat messages ``[{"role": ..., "content": ...}]``."""
+    if isinstance(c, str):
+        return c
+    if isinstance(c, dict):
+        c = [c]
+    return "".join(str(m.get("content", "")) for m in c or [] if isinstance(m, dict))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from grpokit.rewards.registry import register_reward, registered_rewards
-from grpokit.tasks.answers import last_number, last_tag_content, parse_number
+from grpokit.tasks.answers import completion_text, last_number, last_tag_content, parse_number
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (
@@ -52,16 +52,6 @@ def final_answer(text: str) -> float | None:
     number in the text."""
     tagged = last_tag_content(text, "answer")
     return parse_number(tagged) if tagged is not None else last_number(text)
-
-
-def _text(c: Any) -> str:
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):  # chat messages
-        return "".join(str(m.get("content", "")) for m in c if isinstance(m, dict))
-    if isinstance(c, dict):
-        return str(c.get("content", ""))
-    return "" if c is None else str(c)
 
 
 def correct_score(text: str, gold: Any) -> float:
@@ -85,15 +75,15 @@ def format_score(text: str) -> float:
 
 
 def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
-    return [correct_score(_text(c), g) for c, g in zip(completions, answer)]
+    return [correct_score(completion_text(c), g) for c, g in zip(completions, answer)]
 
 
 def arithmetic_closeness(prompts, completions, answer, **kwargs) -> list[float]:
-    return [closeness_score(_text(c), g) for c, g in zip(completions, answer)]
+    return [closeness_score(completion_text(c), g) for c, g in zip(completions, answer)]
 
 
 def arithmetic_format(prompts, completions, **kwargs) -> list[float]:
-    return [format_score(_text(c)) for c in completions]
+    return [format_score(completion_text(c)) for c in completions]
 
 
 arithmetic_correct.__doc__ = (

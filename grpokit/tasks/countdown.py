@@ -17,6 +17,10 @@ written must be the given numbers as a multiset; only digits, ``+-*/().`` and sp
 allowed; the value must be within 1e-5 of the target. The expression is evaluated by a
 small AST walker, not ``eval``; powers (``**``) whose result would exceed 2**4096 (which
 ``eval`` could hang on) count as wrong.
+
+The task also registers its grader as the reward ``countdown_correct`` and the format
+check as ``countdown_format``; its defaults are the reward library's ``countdown`` and
+``format``, which follow the same rules.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
+from grpokit.rewards.registry import register_reward, registered_rewards
+from grpokit.tasks.answers import completion_text
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (
@@ -119,6 +125,21 @@ def countdown_score(completion: str, nums: list[int], target: float) -> float:
 def is_think_answer_format(completion: str) -> bool:
     """``<think>...</think>`` then ``<answer>...</answer>`` and nothing after (ms-swift format)."""
     return _FORMAT.match(completion) is not None
+
+
+def countdown_correct(prompts, completions, nums, target, **kwargs) -> list[float]:
+    """The task's grader as a reward: 1.0 when the equation is right (see module doc)."""
+    return [countdown_score(completion_text(c), n, t) for c, n, t in zip(completions, nums, target)]
+
+
+def countdown_format(prompts, completions, **kwargs) -> list[float]:
+    """1.0 for ``<think>...</think>`` then ``<answer>...</answer>`` and nothing after."""
+    return [float(is_think_answer_format(completion_text(c))) for c in completions]
+
+
+for _fn in (countdown_correct, countdown_format):
+    if _fn.__name__ not in registered_rewards():
+        register_reward(_fn.__name__)(_fn)
 
 
 # ---------------------------------------------------------------------- generator

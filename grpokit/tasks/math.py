@@ -17,6 +17,7 @@ never counted correct.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,9 +42,16 @@ def _math_verify():
     return math_verify
 
 
+def _timeouts() -> tuple[dict, dict]:
+    """math-verify's timeouts use signal.alarm, which only works in the main thread."""
+    if threading.current_thread() is threading.main_thread():
+        return {}, {}
+    return {"parsing_timeout": None}, {"timeout_seconds": None}
+
+
 def parse_gold(solution: str) -> list:
     mv = _math_verify()
-    return mv.parse(solution, extraction_mode="first_match")
+    return mv.parse(solution, extraction_mode="first_match", **_timeouts()[0])
 
 
 def verify_answer(completion: str, solution: str) -> bool:
@@ -66,9 +74,12 @@ def verify_answer(completion: str, solution: str) -> bool:
         boxed_match_priority=0,
         try_extract_without_anchor=False,
     )
-    pred = mv.parse(completion, extraction_config=[config], extraction_mode="first_match")
+    parse_kw, verify_kw = _timeouts()
+    pred = mv.parse(
+        completion, extraction_config=[config], extraction_mode="first_match", **parse_kw
+    )
     try:
-        return bool(mv.verify(gold, pred))
+        return bool(mv.verify(gold, pred, **verify_kw))
     except Exception:
         return False
 

@@ -104,3 +104,21 @@ def test_limit_and_unknown_split():
     assert len(t.build("train", limit=7)) == 7
     with pytest.raises(TaskDataError, match="splits"):
         t.build("validation")
+
+
+def test_default_rewards_resolve(tmp_path, write_jsonl):
+    """Every default reward name resolves in the reward registry (names the library has not
+    registered yet are reported, not failed: they belong to grpokit/rewards)."""
+    from grpokit.rewards import get_reward_funcs
+    from grpokit.rewards.registry import registered_rewards
+
+    missing = []
+    for task in _tasks(tmp_path, write_jsonl):
+        for spec in task.default_reward_funcs:
+            name = spec if isinstance(spec, str) else next(iter(spec))
+            if name in registered_rewards():
+                get_reward_funcs([spec])
+            else:
+                missing.append(f"{task.name}:{name}")
+    if missing:
+        pytest.skip(f"rewards not registered yet: {missing}")

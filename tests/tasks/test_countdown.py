@@ -244,3 +244,17 @@ def test_safe_eval_equals_python_on_random_equations():
         assert ok == (0.0 if "%" in expr else 1.0), expr  # '%' is not an allowed character
 
     check()
+
+
+def test_task_rewards_are_registered():
+    from grpokit.rewards import get_reward_funcs
+
+    correct, fmt = get_reward_funcs(["countdown_correct", "countdown_format"])
+    texts = [t for t, _ in CASES] + [[{"role": "assistant", "content": "<answer>3*5+7</answer>"}]]
+    n = len(texts)
+    got = correct(prompts=[None] * n, completions=texts, nums=[NUMS] * n, target=[TARGET] * n)
+    assert got == [s for _, s in CASES] + [1.0]
+    assert fmt(prompts=[None] * 2, completions=["<think>a</think><answer>1</answer>", "x"]) == [
+        1.0,
+        0.0,
+    ]

@@ -126,3 +126,14 @@ def test_custom_errors(tmp_path, write_jsonl):
     f = write_jsonl(tmp_path / "p.jsonl", [{"text": "hi"}])
     with pytest.raises(TaskDataError, match=r"lacks column\(s\) \['prompt'\]"):
         get_task("custom", dataset_name=str(f)).build("train")
+
+
+def test_math_grader_works_off_the_main_thread(math_dir):
+    import threading
+
+    t = get_task("math", dataset_name=str(math_dir))
+    row, out = t.build("train")[0], []
+    th = threading.Thread(target=lambda: out.append(t.is_correct("$\\boxed{0.5}$", row)))
+    th.start()
+    th.join()
+    assert out == [True]
