@@ -37,10 +37,16 @@ class MetricsLogger:
         self.stream = stream or sys.stdout
         self.enabled = enabled
         self.trackers = trackers or []
-        self.t0 = time.time()
-        self.steps_timed = 0
+        self.t0: float | None = (
+            None  # set by start(), so evaluation before training is not in the ETA
+        )
+        self.step0 = 0
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, step: int) -> None:
+        """Start the ETA clock at the first training step (``step`` steps already done)."""
+        self.t0, self.step0 = time.time(), step
 
     def log(self, step: int, metrics: dict[str, Any], *, resumed_from: int = 0) -> None:
         if not self.enabled:
@@ -50,7 +56,9 @@ class MetricsLogger:
             f.write(json.dumps(row) + "\n")
         for t in self.trackers:
             t.log(row, step)
-        done = step - resumed_from
+        if self.t0 is None:
+            self.start(resumed_from)
+        done = step - self.step0
         elapsed = time.time() - self.t0
         eta = elapsed / max(done, 1) * (self.total - step)
         parts = [f"step {step}/{self.total}"]

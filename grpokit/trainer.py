@@ -444,6 +444,7 @@ class GRPOTrainer:
         if self.eval_rows and self.step == 0:
             results["before"] = self._evaluate("before")
         stopped = False
+        self.logger.start(self.step)
         try:
             while self.step < self.total_steps:
                 t_round = time.time()
