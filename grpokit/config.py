@@ -106,6 +106,7 @@ class GRPOConfig:
     reward_funcs: list | None = None  # None: the task's defaults
     reward_weights: list | None = None
     reward_errors: str = "raise"  # or "skip"
+    max_nonfinite_skips: int = 3  # consecutive non-finite steps before the run stops
 
     # generation
     num_generations: int = 8
@@ -212,6 +213,7 @@ def _validate(c: GRPOConfig) -> None:
     )
     _check(c.prompt_truncation in ("truncate", "error"), "prompt_truncation: use truncate or error")
     _check(c.reward_errors in ("raise", "skip"), "reward_errors: use raise or skip")
+    _check(c.max_nonfinite_skips >= 1, "max_nonfinite_skips must be >= 1")
     reports = [c.report_to] if isinstance(c.report_to, str) else list(c.report_to)
     for r in reports:
         _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")

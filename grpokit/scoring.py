@@ -31,9 +31,25 @@ def _call(fn, prompts, completions, columns) -> list:
     return list(out)
 
 
-def _value(fn, v, completion) -> float:
+def _value(fn, v, completion, on_error: str = "raise", counters: dict | None = None) -> float:
     if v is None:
         return math.nan
+    if on_error == "skip":
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = math.nan
+        if not math.isfinite(x):
+            log.warning(
+                "reward %s gave %r for completion %s: scored as None",
+                reward_name(fn),
+                v,
+                _show(completion),
+            )
+            if counters is not None:
+                counters["reward_errors"] = counters.get("reward_errors", 0) + 1
+            return math.nan
+        return x
     try:
         x = float(v)
     except (TypeError, ValueError):
@@ -99,7 +115,7 @@ def score(
                     f"{batch_exc} on the batch but not on any single sample"
                 ) from batch_exc
         for i, v in enumerate(vals):
-            out[i, j] = _value(fn, v, completions[i])
+            out[i, j] = _value(fn, v, completions[i], on_error, counters)
     return out
 
 

@@ -373,6 +373,7 @@ class GRPOTrainer:
         num_tokens = dist.all_reduce_sum(b.loss_mask.sum().float()).item()
         acc: dict[str, float] = {}
         loss_total, tok_total = 0.0, 0.0
+        finite = True
         for s in range(0, N, mb):
             sl = slice(s, s + mb)
             logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
@@ -394,24 +395,29 @@ class GRPOTrainer:
             )
             if c.loss_type == "bnpo":  # per-micro-batch mean: average over micro-batches/ranks
                 loss = loss / (n_micro * dist.world_size())
+            if not torch.isfinite(loss):
+                finite = False
+                break
             loss.backward()
             loss_total += loss.item()
             ntok = b.loss_mask[sl].sum().item()
             tok_total += ntok
             for k, v in m.items():
                 acc[k] = acc.get(k, 0.0) + v.item() * ntok
-        dist.sum_gradients(self.params)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf")
-        )
-        lr = self.scheduler.get_last_lr()[0]
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            self.counters["skipped_nonfinite_steps"] = (
-                self.counters.get("skipped_nonfinite_steps", 0) + 1
+        finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)).item() == 0.0)
+        grad_norm = torch.tensor(float("nan"))
+        if finite:
+            dist.sum_gradients(self.params)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf")
             )
-            log.warning("non-finite gradient norm at step %d: update skipped", self.step + 1)
+            finite = bool(torch.isfinite(grad_norm))
+        lr = self.scheduler.get_last_lr()[0]
+        if finite:
+            self.optimizer.step()
+            self._consecutive_skips = 0
+        else:
+            self._skip_nonfinite(b)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step += 1
@@ -423,12 +429,52 @@ class GRPOTrainer:
             _mix_into(self.ref_model, self.model, c.ref_model_mixup_alpha)
         out = {k: v / max(tok_total, 1.0) for k, v in acc.items()}
         out.update(
-            loss=dist.all_reduce_sum(torch.tensor(loss_total)).item(),
+            loss=dist.all_reduce_sum(torch.tensor(loss_total)).item() if finite else float("nan"),
             grad_norm=grad_norm.item(),
             learning_rate=lr,
+            skipped_steps=self.counters.get("skipped_nonfinite_steps", 0),
+            reward_errors=self.counters.get("reward_errors", 0),
+            truncated_prompts=self.counters.get("truncated_prompts", 0),
         )
         out["time/training"] = time.time() - t0
         return out
+
+    def _skip_nonfinite(self, b: Batch) -> None:
+        """No update this step: count it, dump what went in, stop after too many in a row."""
+        self.counters["skipped_nonfinite_steps"] = (
+            self.counters.get("skipped_nonfinite_steps", 0) + 1
+        )
+        self._consecutive_skips = getattr(self, "_consecutive_skips", 0) + 1
+        dump = self.out / f"nonfinite-step-{self.step + 1}.pt"
+        if dist.is_main():
+            self.out.mkdir(parents=True, exist_ok=True)
+            nonfinite_params = [
+                n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()
+            ]
+            torch.save(
+                {
+                    "step": self.step + 1,
+                    "advantages": b.advantages,
+                    "loss_mask": b.loss_mask,
+                    "completion_ids": b.rollout.completion_ids,
+                    "texts": b.rollout.texts,
+                    "old_logp": b.old_logp,
+                    "ref_logp": b.ref_logp,
+                    "nonfinite_params": nonfinite_params,
+                },
+                dump,
+            )
+        log.warning(
+            "non-finite loss or gradient at step %d: update skipped, inputs dumped to %s",
+            self.step + 1,
+            dump,
+        )
+        if self._consecutive_skips >= self.cfg.max_nonfinite_skips:
+            raise FloatingPointError(
+                f"{self._consecutive_skips} consecutive steps had a non-finite loss or gradient; "
+                f"stopping. Inputs of the last one: {dump}. Lower learning_rate, check the rewards, "
+                "or use torch_dtype float32"
+            )
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import torch
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+KL_LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in fp32, and far beyond any sane policy gap
 
 
 def policy_loss(
@@ -99,8 +100,8 @@ def policy_loss(
 
     kl = None
     if ref_logp is not None:
-        d = ref_logp - logp
-        kl = torch.exp(d) - d - 1.0  # (N, T), k3 estimator, >= 0
+        d = torch.clamp(ref_logp - logp, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+        kl = torch.exp(d) - d - 1.0  # (N, T), k3 estimator, >= 0; clamped so exp cannot overflow
         if beta > 0:
             per_token = per_token + beta * kl
 
