@@ -81,3 +81,23 @@ def arithmetic_format(prompts, completions, **kwargs) -> list[float]:
         else:
             out.append(0.5)
     return out
+
+
+@register_reward("countdown")
+def countdown(prompts, completions, nums, target, **kwargs) -> list[float]:
+    """ms-swift's Countdown reward: the first <answer> content, text after '=' ignored, numbers
+    used = the given numbers as a multiset, only digits, + - * / ( ) . and spaces, 1.0 when it
+    evaluates within 1e-5 of the target (our own ast evaluator, never eval)."""
+    from grpokit.tasks.countdown import countdown_score
+
+    return [countdown_score(completion_text(c), n, t) for c, n, t in zip(completions, nums, target)]
+
+
+@register_reward("length_target", factory=True)
+def length_target(target_length: int = 50):
+    """The smoltldr demo's -|target_length - len(completion)|, in characters."""
+
+    def length_target(prompts, completions, **kwargs) -> list[float]:
+        return [-float(abs(target_length - len(completion_text(c)))) for c in completions]
+
+    return length_target
