@@ -95,9 +95,14 @@ def countdown(prompts, completions, nums, target, **kwargs) -> list[float]:
 
 @register_reward("length_target", factory=True)
 def length_target(target_length: int = 50):
-    """The smoltldr demo's -|target_length - len(completion)|, in characters."""
+    """The smoltldr demo's -|target - len(completion)|, in characters. The target is the
+    ``target_length`` dataset column when rows carry one (the tldr task does), else the
+    factory parameter."""
 
-    def length_target(prompts, completions, **kwargs) -> list[float]:
-        return [-float(abs(target_length - len(completion_text(c)))) for c in completions]
+    def length_target(prompts, completions, target_length=None, **kwargs) -> list[float]:
+        targets = target_length if target_length is not None else [default] * len(completions)
+        return [-float(abs(int(t) - len(completion_text(c)))) for c, t in zip(completions, targets)]
+
+    default = target_length
 
     return length_target
