@@ -88,7 +88,10 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     funcs = get_reward_funcs(list(task.default_reward_funcs))
     models = args.compare if args.compare else [args.model]
     results = {}
-    for spec in models:
+    labels = [spec if len(models) == 1 else f"[{chr(65 + i)}]" for i, spec in enumerate(models)]
+    for label, spec in zip(labels, models):
+        if len(models) > 1:
+            print(f"{label} = {spec}")
         model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype)
         print(
             f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts",
@@ -104,10 +107,10 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
             num_samples=args.num_samples,
             temperature=args.temperature,
         )
-        results[spec] = r
+        results[label] = {"model": spec, **r}
     print(format_comparison(results))
     if args.output:
-        save_eval(results if len(results) > 1 else results[models[0]], args.output)
+        save_eval(results if len(results) > 1 else results[labels[0]], args.output)
         print(f"saved {args.output}")
     return 0
 

@@ -102,19 +102,20 @@ def format_comparison(results: dict[str, dict[str, Any]]) -> str:
                 keys.append(k)
     reward_keys = sorted({k for r in results.values() for k in r.get("rewards", {})})
     w = max(22, *(len(f"reward/{k}") + 2 for k in reward_keys)) if reward_keys else 22
-    lines = ["".ljust(w) + "".join(n.rjust(12) for n in names)]
+    cw = max(12, *(len(n) + 2 for n in names))
+    lines = ["".ljust(w) + "".join(n.rjust(cw) for n in names)]
     for k in keys:
         vals = [results[n].get(k) for n in names]
         if all(v is None for v in vals):
             continue
-        lines.append(k.ljust(w) + "".join(_cell(v) for v in vals))
+        lines.append(k.ljust(w) + "".join(_cell(v, cw) for v in vals))
     for k in reward_keys:
         vals = [results[n].get("rewards", {}).get(k) for n in names]
-        lines.append(f"reward/{k}".ljust(w) + "".join(_cell(v) for v in vals))
+        lines.append(f"reward/{k}".ljust(w) + "".join(_cell(v, cw) for v in vals))
     return "\n".join(lines)
 
 
-def _cell(v) -> str:
+def _cell(v, width: int = 12) -> str:
     if v is None:
-        return "-".rjust(12)
-    return f"{v:.4f}".rjust(12) if isinstance(v, float) else str(v).rjust(12)
+        return "-".rjust(width)
+    return f"{v:.4f}".rjust(width) if isinstance(v, float) else str(v).rjust(width)
