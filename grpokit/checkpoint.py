@@ -10,9 +10,11 @@ directory and renamed into place, so a crash leaves either the whole checkpoint 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,16 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.json"
+
+
+def fault_point(name: str, step: int) -> None:
+    """Fault injection for the crash tests: ``GRPOKIT_FAULT=name@step`` SIGKILLs this process
+    when it reaches point ``name`` at ``step``. Unset (always, outside tests) it does nothing."""
+    spec = os.environ.get("GRPOKIT_FAULT")
+    if spec and spec == f"{name}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -79,6 +91,7 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    fault_point("checkpoint", step)  # model written, the rest not yet
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")

@@ -51,10 +51,15 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         print(json.dumps(cfg.to_dict(), indent=1))
         return 0
     out = Path(cfg.output_dir)
-    if resume is None and out.is_dir() and any(out.glob("checkpoint-*")):
+    previous = [
+        p.name
+        for p in (out.glob("*") if out.is_dir() else [])
+        if p.name.startswith("checkpoint-") or p.name in ("metrics.jsonl", "final")
+    ]
+    if resume is None and previous:
         print(
-            f"output_dir {out} already holds checkpoints; add --resume to continue that run, "
-            "or choose another --output_dir",
+            f"output_dir {out} already holds a run ({', '.join(sorted(previous)[:3])}); add --resume "
+            "to continue it, or choose another --output_dir",
             file=sys.stderr,
         )
         return 2

@@ -23,6 +23,7 @@ from grpokit import distributed as dist
 from grpokit.algo import entropy_from_logits, group_advantages, policy_loss, selective_log_softmax
 from grpokit.algo.advantages import group_reward_stats
 from grpokit.checkpoint import (
+    fault_point,
     latest_checkpoint,
     load_model_weights,
     load_trainer_files,
@@ -207,6 +208,9 @@ class GRPOTrainer:
         self.step = self.resumed_from = st["global_step"]
         self.counters = dict(st.get("counters", {}))
         set_rng_state(files["rng"])
+        if dist.is_main():  # drop what a killed run logged after its last checkpoint
+            for name in ("metrics.jsonl", "completions.jsonl"):
+                _truncate_log(self.out / name, self.step)
         self.logger.print(f"resumed from {ckpt} at step {self.step}")
 
     def save(self) -> Path | None:
@@ -290,6 +294,7 @@ class GRPOTrainer:
             self.tokenizer, texts, c.max_prompt_length, c.prompt_truncation, self.counters
         )
         ro = self.engine.generate(p_ids, p_mask, self.sampling, num_generations=G)
+        fault_point("generation", self.step + 1)
         t1 = time.time()
 
         prompts = [r["prompt"] for r in rows for _ in range(G)]
@@ -399,6 +404,7 @@ class GRPOTrainer:
                 finite = False
                 break
             loss.backward()
+            fault_point("backward", self.step + 1)
             loss_total += loss.item()
             ntok = b.loss_mask[sl].sum().item()
             tok_total += ntok
@@ -627,6 +633,22 @@ def _mix_into(ref, model, alpha: float) -> None:
     """TR-DPO reference update (Gorbatovski et al. 2024): ref <- alpha*policy + (1-alpha)*ref."""
     for pr, pm in zip(ref.parameters(), model.parameters()):
         pr.mul_(1.0 - alpha).add_(pm.detach(), alpha=alpha)
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Keep only the rows of a jsonl log whose step is <= ``step``."""
+    if not path.exists():
+        return
+    import json
+
+    kept = [
+        ln
+        for ln in path.read_text().splitlines()
+        if ln.strip() and json.loads(ln).get("step", 0) <= step
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(ln + "\n" for ln in kept))
+    tmp.replace(path)
 
 
 def _nan_none(x: float):
