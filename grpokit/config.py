@@ -309,7 +309,16 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
                 return _coerce(key, value, a)
             except ConfigError as e:
                 errors.append(str(e))
-        names = " or ".join(getattr(a, "__name__", str(a)) for a in args)
+        words = {
+            list: "a list",
+            dict: "a mapping",
+            int: "an integer",
+            float: "a number",
+            str: "a string",
+            bool: "true or false",
+            type(None): "null",
+        }
+        names = " or ".join(words.get(a, getattr(a, "__name__", str(a))) for a in args)
         raise ConfigError(f"{key}={value!r}: expected {names}")
     if tp is bool:
         if isinstance(value, bool):
