@@ -74,3 +74,37 @@ def test_kill_and_resume_is_identical(tmp_path, reference, fault):
         load_file(str(out / "final" / "model.safetensors")),
     )
     assert all((wa[k] == wb[k]).all() for k in wa)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues(tmp_path, tiny_model_dir):
+    import signal
+    import time
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {**RECIPE, "model_name_or_path": tiny_model_dir, "max_steps": 400, "save_steps": 0}
+        )
+    )
+    out = tmp_path / "run"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "grpokit", "train", str(recipe), "--output_dir", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not (
+        (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text()
+    ):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    text, _ = p.communicate(timeout=120)
+    assert p.returncode == 130, text[-2000:]
+    assert "--resume" in text
+    ckpts = sorted(out.glob("checkpoint-*"))
+    assert len(ckpts) == 1 and (ckpts[0] / "trainer_state.json").exists()
+    stopped_at = int(ckpts[0].name.split("-")[1])
+    r = _train(recipe, out, "--resume", "--max_steps", str(stopped_at + 1))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [x["step"] for x in _metrics(out)] == list(range(1, stopped_at + 2))
