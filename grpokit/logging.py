@@ -61,7 +61,9 @@ class MetricsLogger:
         done = step - self.step0
         elapsed = time.time() - self.t0
         eta = elapsed / max(done, 1) * (self.total - step)
-        parts = [f"step {step}/{self.total}"]
+        frac = min(1.0, step / max(self.total, 1))
+        bar = "#" * round(20 * frac) + "." * (20 - round(20 * frac))
+        parts = [f"[{bar}] step {step}/{self.total}"]
         for key, label in (
             ("reward", "reward"),
             ("accuracy", "acc"),
