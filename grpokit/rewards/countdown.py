@@ -1,0 +1,86 @@
+"""The Countdown reward (ms-swift's ``CountdownORM`` rule) with a bounded arithmetic evaluator.
+
+Rule: take the FIRST ``<answer>...</answer>`` on one line; drop everything from the first
+``=``; the integers written (``\\d+`` runs) must equal the ``nums`` column as a multiset; only
+digits, ``+ - * / ( ) .`` and whitespace may appear; 1.0 when the value is within 1e-5 of the
+``target`` column, else 0.0.
+
+The expression is evaluated by walking its ``ast`` -- never ``eval`` -- allowing only numeric
+constants, binary ``+ - * /`` and unary ``-`` / ``+`` (as Python's ``eval``
+does). ``**`` and ``//`` are rejected outright (ms-swift's
+``eval`` accepts them; ``9**9**9`` would hang it). Equations longer than ``MAX_EQUATION_CHARS``
+score 0.0, which bounds the work: with only + - * /, the size of every intermediate integer
+grows at most with the length of the text.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import re
+
+from grpokit.rewards.registry import register_reward
+from grpokit.rewards.text import completion_text
+
+MAX_EQUATION_CHARS = 512
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>")  # no DOTALL, as in ms-swift
+_ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+
+
+def arith_eval(expr: str) -> float | int:
+    """Value of ``expr`` built from numbers, ``+ - * /``, unary ``- +`` and parentheses.
+
+    Raises ValueError for anything else (names, calls, ``**``, ``//``, too long),
+    ZeroDivisionError, OverflowError or SyntaxError as the arithmetic or the text demands.
+    """
+    if len(expr) > MAX_EQUATION_CHARS:
+        raise ValueError(f"expression longer than {MAX_EQUATION_CHARS} characters")
+    return _walk(ast.parse(expr.strip(), mode="eval").body)
+
+
+def _walk(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _walk(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_walk(node.left), _walk(node.right))
+    raise ValueError(f"not allowed in an equation: {type(node).__name__}")
+
+
+def equation_score(equation: str, nums, target) -> float:
+    """1.0 when ``equation`` (text from the first '=' dropped) uses exactly ``nums`` and
+    evaluates within 1e-5 of ``target``; else 0.0. Never raises."""
+    equation = equation.split("=", 1)[0]
+    try:
+        if len(equation) > MAX_EQUATION_CHARS:
+            return 0.0
+        used = sorted(int(n) for n in re.findall(r"\d+", equation))
+        if used != sorted(int(n) for n in nums):
+            return 0.0
+        if not _ALLOWED.match(equation):
+            return 0.0
+        value = float(arith_eval(equation))
+        return 1.0 if math.isfinite(value) and abs(value - float(target)) < 1e-5 else 0.0
+    except (ValueError, TypeError, ArithmeticError, SyntaxError, RecursionError, MemoryError):
+        return 0.0
+
+
+def countdown_score(text: str, nums, target) -> float:
+    m = _ANSWER.search(text)
+    return 0.0 if m is None else equation_score(m.group(1).strip(), nums, target)
+
+
+@register_reward("countdown")
+def countdown(prompts, completions, nums, target, **kwargs) -> list[float]:
+    """1.0 for a correct Countdown equation in the first ``<answer>`` (see module doc)."""
+    return [countdown_score(completion_text(c), n, t) for c, n, t in zip(completions, nums, target)]
