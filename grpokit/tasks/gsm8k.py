@@ -19,13 +19,12 @@ number parsing and no fallback.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from grpokit.tasks.answers import last_tag_content, parse_number
+from grpokit.tasks.answers import last_tag_content
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = """Respond in the following format:
@@ -61,14 +60,11 @@ def extract_gold(answer: str) -> str:
 
 
 def lenient_correct(completion: str, gold: str) -> bool:
-    """The ``correctness`` reward's rule: last <answer> equals gold, or the same number."""
-    got = last_tag_content(completion, "answer")
-    if got is None:
-        return False
-    if got == str(gold).strip():
-        return True
-    a, b = parse_number(got), parse_number(str(gold))
-    return a is not None and b is not None and math.isclose(a, b)
+    """Exactly the ``correctness`` reward's rule (it is called), so evaluation accuracy and
+    the training reward can never disagree."""
+    from grpokit.rewards.builtin import correctness
+
+    return correctness(None, [completion], [gold])[0] > 0
 
 
 def strict_correct(completion: str, gold: str) -> bool:
