@@ -159,6 +159,18 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.report import write_report
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        print(f"no such run directory: {run_dir}", file=sys.stderr)
+        return 2
+    out = write_report(run_dir, args.output)
+    print(f"report: {out}\nplots: {out.parent / 'plots'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpokit", description="GRPO fine-tuning on verifiable tasks")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -196,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--greedy", action="store_true")
     g.add_argument("--num_samples", type=int, default=1)
     g.add_argument("--torch_dtype", default="float32")
+    r = sub.add_parser("report", help="plots + a self-contained HTML report of a run directory")
+    r.add_argument("run_dir")
+    r.add_argument(
+        "--output", default=None, help="HTML path (default RUN_DIR/report.html); plots/ beside it"
+    )
     return p
 
 
@@ -219,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.model and not args.compare:
             parser.error("eval needs MODEL or --compare A B")
         return cmd_eval(args, rest)
+    if args.cmd == "report":
+        return cmd_report(args, rest)
     return cmd_generate(args, rest)
 
 
