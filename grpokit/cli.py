@@ -72,6 +72,22 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     return 130 if result.get("stopped") else 0
 
 
+def _run_config(spec: str | None) -> dict:
+    """The grpokit config saved with a trained model (final/grpokit_config.yaml, or a
+    checkpoint's config.yaml, or a recipe given with --config), else {}."""
+    import yaml
+
+    if not spec:
+        return {}
+    p = Path(spec)
+    for cand in (p, p / "grpokit_config.yaml", p / "config.yaml"):
+        if cand.is_file() and cand.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(cand.read_text()) or {}
+            if isinstance(data, dict) and "task" in data:
+                return {**data, "_path": str(cand)}
+    return {}
+
+
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.evaluation import evaluate, format_comparison, save_eval
     from grpokit.models import load_model_and_tokenizer
@@ -79,16 +95,25 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.rollout.hf import HFRolloutEngine
     from grpokit.tasks import get_task
 
-    params = {}
-    if args.task_params:
-        params = json.loads(args.task_params)
+    run_cfg = (
+        _run_config(args.config or (args.compare or [args.model])[-1]) if not args.task else {}
+    )
+    task_name = args.task or run_cfg.get("task") or "gsm8k"
+    params = (
+        json.loads(args.task_params) if args.task_params else dict(run_cfg.get("task_params") or {})
+    )
     task = get_task(
-        args.task,
-        dataset_name=args.dataset_name,
-        system_prompt=args.system_prompt,
-        seed=args.seed,
+        task_name,
+        dataset_name=args.dataset_name or run_cfg.get("dataset_name"),
+        system_prompt=args.system_prompt
+        if args.system_prompt is not None
+        else run_cfg.get("system_prompt"),
+        seed=args.seed if args.seed is not None else run_cfg.get("seed", 42),
         **params,
     )
+    if run_cfg:
+        print(f"[grpokit] task {task_name} {params} from the run's config ({run_cfg['_path']})")
+    args.task = task_name
     rows = task.build(args.split, limit=args.max_eval_samples)
     funcs = get_reward_funcs(list(task.default_reward_funcs))
     models = args.compare if args.compare else [args.model]
@@ -183,7 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a model on a task's held-out split")
     e.add_argument("model", nargs="?", default=None)
     e.add_argument("--compare", nargs="+", metavar="MODEL")
-    e.add_argument("--task", default="gsm8k")
+    e.add_argument(
+        "--task",
+        default=None,
+        help="default: the task the model was trained on (its grpokit_config.yaml), else gsm8k",
+    )
+    e.add_argument(
+        "--config", default=None, help="take task, task_params, system prompt from this recipe"
+    )
     e.add_argument("--task_params", default=None, help="JSON, e.g. '{\"digits\": 2}'")
     e.add_argument("--dataset_name", default=None)
     e.add_argument("--system_prompt", default=None)
@@ -194,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max_completion_length", type=int, default=256)
     e.add_argument("--batch_size", type=int, default=32)
     e.add_argument("--torch_dtype", default="float32")
-    e.add_argument("--seed", type=int, default=42)
+    e.add_argument("--seed", type=int, default=None)
     e.add_argument("--output", default=None, help="write results as JSON")
     g = sub.add_parser("generate", help="sample from a model with the training chat template")
     g.add_argument("model")

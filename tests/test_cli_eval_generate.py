@@ -85,3 +85,26 @@ def test_train_config_errors_exit_2(tmp_path, capsys):
     r.write_text("learnig_rate: 1.0e-6\n")
     assert main(["train", str(r)]) == 2
     assert "did you mean 'learning_rate'" in capsys.readouterr().err
+
+
+def test_eval_takes_the_task_from_the_trained_models_config(tmp_path, tiny_model_dir, capsys):
+    import shutil
+
+    import yaml
+
+    model = tmp_path / "final"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "grpokit_config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "task": "arithmetic",
+                "task_params": {"digits": 1, "test_size": 8, "train_size": 16},
+                "seed": 3,
+            }
+        )
+    )
+    assert (
+        main(["eval", str(model), "--max_eval_samples", "2", "--max_completion_length", "3"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "task arithmetic" in out and "from the run's config" in out
