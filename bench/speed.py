@@ -1,0 +1,676 @@
+"""Speed benchmark: grpokit against TRL's GRPOTrainer, one after the other, in one run. Not a test.
+
+    python bench/speed.py                       # configurations a, b, c (see CONFIGS)
+    python bench/speed.py --quick               # smoke run: 2 steps, max_completion_length 32
+    python bench/speed.py --forced_length       # every completion runs to max_completion_length
+    python bench/speed.py --configs a --steps 4 --skip_check
+
+Both sides get the same model (a local SmolLM2-135M-Instruct directory), the same prompts in
+the same order (arithmetic, 1-2 digit operands, grpokit's seeded order written to a jsonl that
+TRL reads unshuffled), the same seed, G=8, 32 completions per optimizer step (micro-batch 16 x
+accumulation 2), bf16 autocast with fp32 weights, temperature 0.8, loss dapo, lr 1e-5 constant.
+Each side runs in its own subprocess (grpokit in ``.venv``, TRL in ``.venv-bench``) so its
+peak RSS is the child's ``ru_maxrss``. The first round (generation + num_iterations optimizer
+steps) is a warm-up and is not counted; "s/step" is the median round time / num_iterations.
+
+Before timing, ``--_child check`` feeds one identical batch (prompt + completion ids, old and
+reference log-probs, advantages) to TRL's ``_compute_loss`` and to grpokit's
+``completion_logps`` + ``policy_loss`` on the same weights, and compares loss and gradient.
+
+Setup of the TRL environment (kept apart so grpokit's is untouched):
+
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0
+    .venv-bench/bin/pip install trl peft && .venv-bench/bin/pip install -e . --no-deps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "/root/.cache/grpokit/models/SmolLM2-135M-Instruct"
+GRPOKIT_PY = ROOT / ".venv" / "bin" / "python"
+TRL_PY = ROOT / ".venv-bench" / "bin" / "python"
+
+CONFIGS = {
+    "a": {"label": "full FT, mu=1", "num_iterations": 1, "use_peft": False},
+    "b": {"label": "full FT, mu=2", "num_iterations": 2, "use_peft": False},
+    "c": {"label": "LoRA r=16, mu=1", "num_iterations": 1, "use_peft": True},
+}
+COMMON = {
+    "num_prompts": 4,
+    "num_generations": 8,
+    "per_device_train_batch_size": 16,
+    "gradient_accumulation_steps": 2,
+    "beta": 0.04,
+    "temperature": 0.8,
+    "learning_rate": 1e-5,
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.05,
+    "bf16": True,
+    "max_prompt_length": 128,
+    "task_params": {"ops": ["+"], "digits": [1, 2], "train_size": 256, "test_size": 20},
+}
+PHASES = ("generation", "scoring", "reference", "training", "other")
+
+
+# ============================================================================ children
+def child_data(spec: dict) -> dict:
+    """grpokit's training rows, in the order grpokit's sampler visits them."""
+    from grpokit.data import PromptSampler
+    from grpokit.tasks import get_task
+
+    task = get_task("arithmetic", seed=spec["seed"], **spec["task_params"])
+    rows = task.build("train")
+    sampler = PromptSampler(len(rows), spec["num_prompts"], spec["seed"])
+    ordered = []
+    for _ in range(spec["rounds"]):
+        ordered += [rows[i] for i in sampler.next()]
+    with open(spec["prompts_path"], "w") as f:
+        for r in ordered:
+            f.write(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n")
+    return {"rows": len(ordered)}
+
+
+_PHASE = ["other"]  # set by the generation wrappers, read by the autocast probe
+
+
+def _autocast_probe(model, seen: dict) -> None:
+    """Record whether generation / no-grad / grad forwards run under CPU autocast."""
+    import torch
+
+    def hook(module, args):
+        key = _PHASE[0] if _PHASE[0] == "generation" else "other"
+        key += "/grad" if torch.is_grad_enabled() else "/no_grad"
+        seen[key] = seen.get(key, False) or torch.is_autocast_enabled("cpu")
+
+    model.get_input_embeddings().register_forward_pre_hook(hook)
+
+
+def _in_phase(fn, name: str):
+    def wrapper(*a, **k):
+        _PHASE[0] = name
+        try:
+            return fn(*a, **k)
+        finally:
+            _PHASE[0] = "other"
+
+    return wrapper
+
+
+def child_grpokit(spec: dict) -> dict:
+    import functools
+
+    import torch
+
+    from grpokit.config import GRPOConfig
+    from grpokit.rollout.hf import HFRolloutEngine
+    from grpokit.trainer import GRPOTrainer
+
+    if spec["forced_length"]:  # grpokit has no such option: suppress EOS until the last token
+        orig = HFRolloutEngine.generate
+
+        def generate(self, prompt_ids, prompt_mask, params, num_generations=1):
+            self.model.generate = functools.partial(
+                type(self.model).generate, self.model, min_new_tokens=params.max_new_tokens
+            )
+            try:
+                return orig(self, prompt_ids, prompt_mask, params, num_generations)
+            finally:
+                del self.model.generate
+
+        HFRolloutEngine.generate = generate
+
+    cfg = GRPOConfig(
+        model_name_or_path=spec["model"],
+        task="arithmetic",
+        task_params=spec["task_params"],
+        reward_funcs=["arithmetic_correct"],
+        num_generations=spec["num_generations"],
+        per_device_train_batch_size=spec["per_device_train_batch_size"],
+        gradient_accumulation_steps=spec["gradient_accumulation_steps"],
+        max_prompt_length=spec["max_prompt_length"],
+        max_completion_length=spec["max_completion_length"],
+        temperature=spec["temperature"],
+        beta=spec["beta"],
+        num_iterations=spec["num_iterations"],
+        loss_type="dapo",
+        learning_rate=spec["learning_rate"],
+        lr_scheduler_type="constant",
+        use_peft=spec["use_peft"],
+        lora_r=spec["lora_r"],
+        lora_alpha=spec["lora_alpha"],
+        lora_dropout=spec["lora_dropout"],
+        bf16=spec["bf16"],
+        max_steps=spec["steps"],
+        seed=spec["seed"],
+        max_eval_samples=0,
+        save_steps=0,
+        logging_steps=1,
+        output_dir=spec["output_dir"],
+    )
+    t0 = time.time()
+    trainer = GRPOTrainer(cfg)
+    trainer._save_final = lambda: None  # not part of what is timed; skip the disk write
+    seen: dict = {}
+    _autocast_probe(trainer.model, seen)
+    trainer.engine.generate = _in_phase(trainer.engine.generate, "generation")
+    setup = time.time() - t0
+    trainer.train()
+    steps = []
+    with open(Path(spec["output_dir"]) / "metrics.jsonl") as f:
+        for line in f:
+            m = json.loads(line)
+            if "time/step" not in m:
+                continue
+            s = {
+                "step": m["time/step"],
+                "generation": m.get("time/generation", 0.0),
+                "scoring": m.get("time/scoring", 0.0),
+                "reference": m.get("time/reference", 0.0),
+                "training": m["time/training"],
+                "tokens": m.get("tokens_generated", 0.0),
+                "mean_length": m.get("completions/mean_length"),
+            }
+            s["other"] = s["step"] - sum(s[k] for k in PHASES[:-1])
+            steps.append(s)
+    return {
+        "tool": "grpokit",
+        "version": _version("grpokit"),
+        "torch": torch.__version__,
+        "setup_seconds": setup,
+        "steps": steps,
+        "autocast": seen,
+    }
+
+
+def _arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
+    """grpokit's arithmetic_correct; TRL's environment may not have grpokit."""
+    try:
+        from grpokit.tasks.arithmetic import arithmetic_correct
+
+        return arithmetic_correct(prompts, completions, answer)
+    except ImportError:
+        import re
+
+        out = []
+        for c, g in zip(completions, answer):
+            text = c[0]["content"] if isinstance(c, list) else c
+            tags = re.findall(r"<answer>(.*?)</answer>", text, re.S)
+            nums = re.findall(r"-?\d[\d,]*\.?\d*", tags[-1] if tags else text)
+            try:
+                got = float(nums[-1].replace(",", "").rstrip(".")) if nums else None
+            except ValueError:
+                got = None
+            out.append(1.0 if got is not None and abs(got - float(g)) < 1e-9 else 0.0)
+        return out
+
+
+def _trl_config(spec: dict, output_dir: str, **over):
+    from trl import GRPOConfig
+
+    kw = dict(
+        output_dir=output_dir,
+        per_device_train_batch_size=spec["per_device_train_batch_size"],
+        gradient_accumulation_steps=spec["gradient_accumulation_steps"],
+        num_generations=spec["num_generations"],
+        max_completion_length=spec["max_completion_length"],
+        temperature=spec["temperature"],
+        beta=spec["beta"],
+        num_iterations=spec["num_iterations"],
+        loss_type="dapo",
+        epsilon=0.2,
+        learning_rate=spec["learning_rate"],
+        lr_scheduler_type="constant",
+        max_steps=spec["steps"],
+        seed=spec["seed"],
+        bf16=spec["bf16"],
+        use_cpu=True,
+        activation_checkpointing=False,  # TRL defaults gradient_checkpointing to True;
+        gradient_checkpointing=False,  # grpokit's default is off
+        shuffle_dataset=False,  # the jsonl is already in grpokit's order
+        model_init_kwargs={"dtype": "float32"},  # fp32 master weights, as grpokit
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    if spec.get("forced_length"):
+        kw["generation_kwargs"] = {"min_new_tokens": spec["max_completion_length"]}
+    kw.update(over)
+    return GRPOConfig(**kw)
+
+
+def child_trl(spec: dict) -> dict:
+    import collections
+
+    import torch
+    import trl
+    from datasets import load_dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    torch.manual_seed(spec["seed"])
+    args = _trl_config(spec, spec["output_dir"])
+    peft_config = None
+    if spec["use_peft"]:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=spec["lora_r"],
+            lora_alpha=spec["lora_alpha"],
+            lora_dropout=spec["lora_dropout"],
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
+    ds = load_dataset("json", data_files=spec["prompts_path"], split="train")
+    tok = AutoTokenizer.from_pretrained(spec["model"])
+    tok.padding_side = "left"
+    t0 = time.time()
+    trainer = GRPOTrainer(
+        model=spec["model"],
+        reward_funcs=[_arithmetic_correct],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=peft_config,
+    )
+    seen: dict = {}
+    _autocast_probe(trainer.model, seen)
+    setup = time.time() - t0
+
+    cur: dict = collections.defaultdict(float)
+    steps: list[dict] = []
+
+    def timed(name, key, nograd_only=False, count_tokens=False):
+        fn = getattr(trainer, name)
+
+        def wrapper(*a, **k):
+            if nograd_only and torch.is_grad_enabled():
+                return fn(*a, **k)
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            cur[key] += time.perf_counter() - t
+            if count_tokens:
+                cur["tokens"] += sum(len(c) for c in out[0])
+                cur["n_completions"] += len(out[0])
+            return out
+
+        setattr(trainer, name, wrapper)
+
+    timed("_generate_and_score_completions", "gen_and_score")
+    trainer._generate = _in_phase(trainer._generate, "generation")
+    timed("_generate", "generation")
+    timed("_generate_single_turn", "generate_calls", count_tokens=True)
+    timed("_calculate_rewards", "rewards")
+    timed("_get_per_token_logps_and_entropies", "reference", nograd_only=True)
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            cur.clear()
+            cur["t0"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            step = time.perf_counter() - cur["t0"]
+            gs = cur["gen_and_score"]
+            s = {
+                "step": step,
+                "generation": cur["generation"],
+                "reference": cur["reference"],
+                "scoring": gs - cur["generation"] - cur["reference"] if gs else 0.0,
+                "training": step - gs,
+                "tokens": cur["tokens"],
+                "mean_length": cur["tokens"] / cur["n_completions"]
+                if cur["n_completions"]
+                else None,
+                "other": 0.0,
+            }
+            steps.append(s)
+
+    trainer.add_callback(StepTimer())
+    trainer.train()
+    return {
+        "tool": "trl",
+        "version": trl.__version__,
+        "torch": torch.__version__,
+        "setup_seconds": setup,
+        "steps": steps,
+        "autocast": seen,
+        "mixed_precision": str(trainer.accelerator.mixed_precision),
+    }
+
+
+def child_check(spec: dict) -> dict:
+    """Same batch, same weights: TRL's _compute_loss vs grpokit's completion_logps + policy_loss."""
+    import types
+
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    from grpokit.algo import policy_loss
+    from grpokit.rollout.base import Rollout
+    from grpokit.trainer import GRPOTrainer as GKTrainer
+
+    torch.manual_seed(0)
+    N, C, beta, eps, temp = 8, 24, 0.04, 0.2, spec["temperature"]
+    s = dict(spec, per_device_train_batch_size=N, gradient_accumulation_steps=1, beta=beta)
+    s.update(num_iterations=1, max_completion_length=C, bf16=False, steps=1, forced_length=False)
+    args = _trl_config(s, spec["output_dir"])
+    ds = load_dataset("json", data_files=spec["prompts_path"], split="train")
+    tok = AutoTokenizer.from_pretrained(spec["model"])
+    tok.padding_side = "left"
+    trainer = GRPOTrainer(
+        model=spec["model"],
+        reward_funcs=[_arithmetic_correct],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    trainer.current_gradient_accumulation_steps = 1
+    model = trainer.model
+    model.train()
+
+    # The batch: 2 real prompts (different lengths, left-padded) x 4, random completions of
+    # random lengths, old/ref log-probs = the policy's own plus noise (so the clip and the KL
+    # terms are active), random advantages.
+    texts = [
+        tok.apply_chat_template(ds[i]["prompt"], tokenize=False, add_generation_prompt=True)
+        for i in range(2)
+    ]
+    texts[1] = texts[1] + " Think."  # make the two prompts differ in length
+    enc = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    P = max(len(e) for e in enc)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    p_ids = torch.tensor([[pad] * (P - len(e)) + e for e in enc]).repeat_interleave(4, 0)
+    p_mask = torch.tensor([[0] * (P - len(e)) + [1] * len(e) for e in enc]).repeat_interleave(4, 0)
+    lengths = torch.randint(4, C + 1, (N,))
+    lengths[0] = C
+    c_mask = (torch.arange(C)[None] < lengths[:, None]).long()
+    c_ids = torch.randint(0, 20000, (N, C)).masked_fill(c_mask == 0, pad)
+    ro = Rollout(p_ids, p_mask, c_ids, c_mask, lengths == C, [""] * N)
+    fake = types.SimpleNamespace(cfg=types.SimpleNamespace(temperature=temp), amp_dtype=None)
+    with torch.no_grad():
+        base, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+    old = (base + 0.3 * torch.randn_like(base)) * c_mask
+    ref = (base + 0.5 * torch.randn_like(base)) * c_mask
+    adv = torch.randn(N)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grads():
+        g = torch.cat([p.grad.flatten().clone() for p in params])
+        model.zero_grad(set_to_none=True)
+        return g
+
+    model.zero_grad(set_to_none=True)
+    inputs = {
+        "prompt_ids": p_ids,
+        "prompt_mask": p_mask,
+        "completion_ids": c_ids,
+        "completion_mask": c_mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": c_mask.sum(),
+    }
+    trl_loss = trainer._compute_loss(model, inputs)
+    trl_loss.backward()
+    g_trl = grads()
+
+    logp, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+    gk_loss, _ = policy_loss(
+        logp, old, ref, adv, c_mask, loss_type="dapo", epsilon_low=eps, epsilon_high=eps, beta=beta
+    )
+    gk_loss.backward()
+    g_gk = grads()
+
+    # The same without old log-probs (on-policy: ratio 1, no token near a clip boundary), so a
+    # token whose clip status flips on a 1e-5 log-prob difference cannot move the gradient.
+    inputs_on = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}
+    trainer._compute_loss(model, inputs_on).backward()
+    g_trl_on = grads()
+    logp_on, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+    policy_loss(logp_on, None, ref, adv, c_mask, loss_type="dapo", epsilon_low=eps, beta=beta)[
+        0
+    ].backward()
+    g_gk_on = grads()
+    with torch.no_grad():
+        trl_logp = model(
+            input_ids=torch.cat([p_ids, c_ids], 1),
+            attention_mask=torch.cat([p_mask, c_mask], 1),
+            labels=torch.cat([p_ids, c_ids], 1).masked_fill(
+                torch.cat([p_mask, c_mask], 1) == 0, -100
+            ),
+            fused_lm_head=True,
+        ).log_probs[:, -C:]
+    m = c_mask.bool()
+    return {
+        "N": N,
+        "C": C,
+        "loss_trl": trl_loss.item(),
+        "loss_grpokit": gk_loss.item(),
+        "loss_abs_diff": abs(trl_loss.item() - gk_loss.item()),
+        "logp_max_abs_diff": (trl_logp[m] - logp.detach()[m]).abs().max().item(),
+        "grad_norm_trl": g_trl.norm().item(),
+        "grad_norm_grpokit": g_gk.norm().item(),
+        "grad_rel_diff": _rel(g_trl, g_gk),
+        "grad_cosine": _cos(g_trl, g_gk),
+        "on_policy_grad_rel_diff": _rel(g_trl_on, g_gk_on),
+        "on_policy_grad_cosine": _cos(g_trl_on, g_gk_on),
+    }
+
+
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / a.norm()).item()
+
+
+def _cos(a, b) -> float:
+    a, b = a.double(), b.double()
+    return (a @ b / (a.norm() * b.norm())).item()
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    try:
+        return version(dist)
+    except Exception:
+        return "?"
+
+
+CHILDREN = {"data": child_data, "grpokit": child_grpokit, "trl": child_trl, "check": child_check}
+
+
+# ============================================================================ driver
+def run_child(python: Path, kind: str, spec: dict, workdir: Path) -> tuple[dict | None, float, str]:
+    """Run one child; returns (result, peak RSS in GB of that child, tail of its output)."""
+    spec_path = workdir / f"{kind}-spec.json"
+    out_path = workdir / f"{kind}-result.json"
+    out_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps(spec))
+    log_path = workdir / f"{kind}.log"
+    env = dict(os.environ)
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "17179869184")  # as ./run sets them, for both sides
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", "17179869184")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    cmd = [str(python), str(Path(__file__).resolve()), "--_child", kind]
+    cmd += ["--_spec", str(spec_path), "--_out", str(out_path)]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    rss_gb = usage.ru_maxrss / 1024**2  # KiB on Linux
+    tail = "".join(log_path.read_text().splitlines(keepends=True)[-25:])
+    if status != 0 or not out_path.exists():
+        return None, rss_gb, tail
+    return json.loads(out_path.read_text()), rss_gb, tail
+
+
+def summarize(res: dict, mu: int, warmup_rounds: int = 1) -> dict:
+    """Median round time / mu, phase medians per step, tokens/s, over rounds after the warm-up."""
+    steps = res["steps"]
+    rounds = [steps[i : i + mu] for i in range(0, len(steps), mu)][warmup_rounds:]
+    rounds = [r for r in rounds if len(r) == mu]
+    if not rounds:
+        return {}
+    out = {"rounds": len(rounds)}
+    for k in ("step", *PHASES):
+        out[k] = statistics.median(sum(s[k] for s in r) for r in rounds) / mu
+    gen_steps = [s for r in rounds for s in r if s["generation"] > 0]  # grpokit repeats the
+    gen = sum(s["generation"] for s in gen_steps)  # round's tokens_generated on every step
+    tok = sum(s["tokens"] for s in gen_steps)
+    out["tokens_per_s"] = tok / gen if gen else float("nan")
+    lengths = [r[0]["mean_length"] for r in rounds if r[0]["mean_length"] is not None]
+    out["mean_length"] = statistics.mean(lengths) if lengths else float("nan")
+    return out
+
+
+def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
+    g, t = rows.get("grpokit"), rows.get("trl")
+    cols = ["grpokit", f"TRL {t['version'] if t else ''}".strip(), "grpokit / TRL"]
+    lines = [
+        f"### ({name}) {label}",
+        "",
+        "| | " + " | ".join(cols) + " |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+
+    def row(title, key, fmt="{:.2f}", src="summary"):
+        vals = []
+        for r in (g, t):
+            v = None if r is None else (r[src].get(key) if src == "summary" else r.get(key))
+            vals.append(v)
+        cells = [fmt.format(v) if isinstance(v, (int, float)) else "-" for v in vals]
+        ratio = "-"
+        if all(isinstance(v, (int, float)) and v for v in vals):
+            ratio = f"{vals[0] / vals[1]:.2f}"
+        lines.append(f"| {title} | " + " | ".join(cells) + f" | {ratio} |")
+
+    row("**s / step** (median, after warm-up)", "step")
+    row("generation s", "generation")
+    row("scoring + advantages s", "scoring")
+    row("reference + old log-probs s", "reference")
+    row("training s (forward + backward + optimizer)", "training")
+    row("other s", "other")
+    row("tokens generated / s", "tokens_per_s", "{:.0f}")
+    row("mean completion length", "mean_length", "{:.1f}")
+    row("**peak RSS GB**", "rss_gb", src="top")
+    row("setup s (load, not timed)", "setup_seconds", "{:.1f}", src="top")
+    n = [str(r["summary"].get("rounds", 0)) if r else "0" for r in (g, t)]
+    lines.append(f"\nmeasured rounds: grpokit {n[0]}, TRL {n[1]}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--_child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    ap.add_argument("--_spec", help=argparse.SUPPRESS)
+    ap.add_argument("--_out", help=argparse.SUPPRESS)
+    ap.add_argument("--configs", default="a,b,c", help="comma list from a, b, c")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 measured round, 32 tokens")
+    ap.add_argument("--forced_length", action="store_true", help="no EOS before max length")
+    ap.add_argument("--max_completion_length", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None, help="measured rounds after 1 warm-up")
+    ap.add_argument("--model", default=os.environ.get("GRPOKIT_BENCH_MODEL", DEFAULT_MODEL))
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--skip_check", action="store_true", help="skip the loss/gradient check")
+    ap.add_argument("--sides", default="grpokit,trl")
+    ap.add_argument("--output_dir", default="outputs/bench-speed")
+    a = ap.parse_args()
+
+    if a._child:
+        spec = json.loads(Path(a._spec).read_text())
+        result = CHILDREN[a._child](spec)
+        Path(a._out).write_text(json.dumps(result))
+        return 0
+
+    for py in (GRPOKIT_PY, TRL_PY):
+        if not py.exists():
+            print(f"missing {py}; see the setup in this file's docstring", file=sys.stderr)
+            return 2
+    L = a.max_completion_length or (32 if a.quick else 128)
+    rounds = a.rounds or (1 if a.quick else 3)
+    out = Path(a.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="speed-", dir=out))
+    prompts = work / "prompts.jsonl"
+    base = dict(COMMON, model=a.model, seed=a.seed, prompts_path=str(prompts))
+    base.update(max_completion_length=L, forced_length=a.forced_length)
+    max_mu = max(CONFIGS[c]["num_iterations"] for c in a.configs.split(","))
+    res, _, tail = run_child(GRPOKIT_PY, "data", dict(base, rounds=(rounds + 2) * max_mu), work)
+    if res is None:
+        print("writing the prompts failed:\n" + tail, file=sys.stderr)
+        return 1
+    mode = "forced length" if a.forced_length else "EOS allowed"
+    header = (
+        f"bench/speed.py {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} "
+        f"CPU cores, no GPU; {base['num_prompts']} prompts x G={base['num_generations']}, "
+        f"max_completion_length {L} ({mode}), beta {base['beta']}, bf16 autocast, "
+        f"1 warm-up round + {rounds} measured"
+    )
+    print(header, flush=True)
+    report = {"header": header, "args": vars(a), "configs": {}}
+
+    if not a.skip_check:
+        chk, rss, tail = run_child(
+            TRL_PY, "check", dict(base, output_dir=str(work / "check")), work
+        )
+        report["check"] = chk
+        if chk is None:
+            print("loss/gradient check FAILED to run:\n" + tail, flush=True)
+        else:
+            print(
+                "\nloss/gradient check (one identical batch, fp32): "
+                f"loss TRL {chk['loss_trl']:.6f} grpokit {chk['loss_grpokit']:.6f} "
+                f"(|diff| {chk['loss_abs_diff']:.2e}); token log-prob max |diff| "
+                f"{chk['logp_max_abs_diff']:.2e}; gradient relative diff {chk['grad_rel_diff']:.2e}, "
+                f"cosine {chk['grad_cosine']:.6f}; on-policy (no old log-probs): gradient "
+                f"relative diff {chk['on_policy_grad_rel_diff']:.2e}, "
+                f"cosine {chk['on_policy_grad_cosine']:.6f}",
+                flush=True,
+            )
+
+    for name in a.configs.split(","):
+        c = CONFIGS[name]
+        mu = c["num_iterations"]
+        spec = dict(base, num_iterations=mu, use_peft=c["use_peft"], steps=(1 + rounds) * mu)
+        rows = {}
+        for side in a.sides.split(","):
+            py = GRPOKIT_PY if side == "grpokit" else TRL_PY
+            sd = work / f"{name}-{side}"
+            t0 = time.time()
+            r, rss, tail = run_child(py, side, dict(spec, output_dir=str(sd)), work)
+            if r is None:
+                print(f"({name}) {side} FAILED after {time.time() - t0:.0f}s:\n{tail}", flush=True)
+                continue
+            r["rss_gb"] = rss
+            r["wall_seconds"] = time.time() - t0
+            r["summary"] = summarize(r, mu)
+            rows[side] = r
+            print(
+                f"({name}) {side}: {r['summary'].get('step', float('nan')):.2f} s/step, "
+                f"peak RSS {rss:.2f} GB, wall {r['wall_seconds']:.0f}s, autocast {r['autocast']}",
+                flush=True,
+            )
+        report["configs"][name] = rows
+        print("\n" + format_table(name, c["label"], rows) + "\n", flush=True)
+        (out / "speed.json").write_text(json.dumps(report, indent=1))
+    print(f"results: {out / 'speed.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
