@@ -66,7 +66,9 @@ def test_no_network():
     s.bind(("127.0.0.1", 0))
     s.listen(1)
     port = s.getsockname()[1]
-    r = _run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('ok')")
+    r = _run(
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('ok')"
+    )
     s.close()
     assert "ok" not in r.stdout
 
@@ -84,3 +86,16 @@ def test_pool_with_loops():
     out = score_many(jobs, max_workers=2, timeout=1, cpu_seconds=1)
     assert out == [1.0] * 4 + [0.0] * 2
     assert time.monotonic() - t0 < 8
+
+
+def test_code_task_splits_and_grader():
+    from grpokit.tasks import get_task
+
+    task = get_task("code")
+    train, test = task.build("train"), task.build("test")
+    assert len(train) + len(test) == 30 and len(test) == 6
+    assert not {r["id"] for r in train} & {r["id"] for r in test}
+    assert all(2 <= len(r["verification_info"]["test_cases"]) <= 4 for r in train + test)
+    row = next(r for r in train + test if r["id"] == "code-00")
+    good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    assert task.is_correct(good, row) and not task.is_correct("print(3)", row)

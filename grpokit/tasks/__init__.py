@@ -67,3 +67,6 @@ def get_task(
         seed=seed,
         params=params,
     )
+
+
+from grpokit.tasks import code as _code  # noqa: E402,F401  (registers task 'code')

@@ -1,0 +1,57 @@
+"""Code task: ~30 short stdin/stdout programming problems written for grpokit, graded by
+running the completion's last ```python block in grpokit.sandbox (see docs/sandbox.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from grpokit.tasks.base import SPLITS, Task, TaskDataError, holdout
+
+DATA = Path(__file__).parent / "data" / "code_problems.jsonl"
+SYSTEM = (
+    "Solve the programming problem in Python. The program reads standard input and writes "
+    "standard output. Give the complete program in one ```python code block."
+)
+
+
+@dataclass
+class CodeTask(Task):
+    default_reward_funcs: tuple[Any, ...] = ("code",)
+    default_system_prompt: str | None = SYSTEM
+    required_columns: tuple[str, ...] = ("verification_info",)
+    param_defaults: ClassVar[dict[str, Any]] = {"test_size": 6}
+
+    def load_rows(self, split: str) -> list[dict[str, Any]]:
+        if split not in SPLITS:
+            raise TaskDataError(f"task {self.name!r} has splits {SPLITS}, not {split!r}")
+        path = Path(self.dataset_name).expanduser() if self.dataset_name else DATA
+        rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        return holdout(rows, split, self.p["test_size"], self.seed)
+
+    def make_user_message(self, row: dict[str, Any]) -> str:
+        return row["problem"]
+
+    def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
+        from grpokit.rewards.code import extract_code
+        from grpokit.sandbox import run_tests
+
+        code = extract_code(completion)
+        info = row["verification_info"]
+        return code is not None and run_tests(code, info["test_cases"]) == 1.0
+
+    def is_formatted(self, completion: str) -> bool:
+        from grpokit.rewards.code import extract_code
+
+        return extract_code(completion) is not None
+
+
+def _register() -> None:
+    from grpokit.tasks import register_task
+
+    register_task("code", CodeTask)
+
+
+_register()
