@@ -12,6 +12,7 @@ BUILTINS = [
     n for n in registered_rewards() if lookup(n)[0].__module__.startswith("grpokit.rewards")
 ]
 MATH_VERIFY = {"accuracy", "length", "cosine"}
+SANDBOX = {"code", "binary_code"}  # run programs in subprocesses: tested in tests/test_sandbox.py
 FUNCS = {n: get_reward_funcs([n])[0] for n in BUILTINS}
 
 TAGGY = st.sampled_from(
@@ -87,7 +88,7 @@ def _check(names, comps, cols):
 )
 def test_cheap_builtins_never_raise_nor_return_nonfinite(comps, gold, nums, target, n_ids):
     _check(
-        [n for n in BUILTINS if n not in MATH_VERIFY],
+        [n for n in BUILTINS if n not in MATH_VERIFY | SANDBOX],
         comps,
         _cols(len(comps), gold, nums, target, n_ids),
     )
