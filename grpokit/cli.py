@@ -48,8 +48,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if dry_run:
-        print(json.dumps(cfg.to_dict(), indent=1))
-        return 0
+        return _print_plan(cfg, argparse.Namespace(**_PLAN_DEFAULTS))
     out = Path(cfg.output_dir)
     previous = [
         p.name
@@ -184,6 +183,56 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+_PLAN_DEFAULTS = dict(device_memory=None, zero_stage=0, num_processes=None, prompt_length=None)
+
+
+def _add_plan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device_memory", default=None, help="e.g. 80GB; warn when the peak exceeds it")
+    p.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
+    p.add_argument("--num_processes", type=int, default=None, help="default: $WORLD_SIZE or 1")
+    p.add_argument(
+        "--prompt_length", type=int, default=None, help="prompt tokens (default max_prompt_length)"
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _print_plan(cfg, opts: argparse.Namespace) -> int:
+    from grpokit.plan import PlanError, format_plan, make_plan
+
+    try:
+        plan = make_plan(
+            cfg,
+            num_processes=opts.num_processes,
+            zero_stage=opts.zero_stage,
+            device_memory=opts.device_memory,
+            prompt_length=opts.prompt_length,
+        )
+    except (PlanError, ValueError) as e:
+        print(f"plan error: {e}", file=sys.stderr)
+        return 2
+    if getattr(opts, "json", False):
+        print(json.dumps({"config": cfg.to_dict(), "plan": plan.to_dict()}, indent=1))
+    else:
+        print(format_plan(plan, cfg))
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
+    """Batch arithmetic and a per-device memory estimate; reads config.json, no weights."""
+    from grpokit.config import ConfigError, load_config
+
+    own = argparse.ArgumentParser(prog="grpokit plan", add_help=False)
+    _add_plan_options(own)
+    opts, overrides = own.parse_known_args(rest)
+    recipe = args.recipe or str(DEFAULT_RECIPE)
+    try:
+        cfg = load_config(recipe, overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    return _print_plan(cfg, opts)
+
+
 def cmd_report(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.report import write_report
 
@@ -240,6 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--greedy", action="store_true")
     g.add_argument("--num_samples", type=int, default=1)
     g.add_argument("--torch_dtype", default="float32")
+    pl = sub.add_parser(
+        "plan",
+        help="batch arithmetic + memory estimate per device, without loading weights",
+        description="grpokit plan [RECIPE.yaml] [--device_memory 80GB] [--zero_stage 0|2|3] "
+        "[--num_processes N] [--json] [--key value ...]",
+    )
+    pl.add_argument("recipe", nargs="?", default=None)
+    _add_plan_options(pl)
     r = sub.add_parser("report", help="plots + a self-contained HTML report of a run directory")
     r.add_argument("run_dir")
     r.add_argument(
@@ -261,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         has_recipe = len(argv) > 1 and not argv[1].startswith("--")
         args = argparse.Namespace(cmd="train", recipe=argv[1] if has_recipe else None)
         return cmd_train(args, argv[2:] if has_recipe else argv[1:])
+    if argv[0] == "plan":  # plan takes --key value overrides too
+        if any(a in ("-h", "--help") for a in argv[1:]):
+            parser.parse_args(["plan", "--help"])
+        has_recipe = len(argv) > 1 and not argv[1].startswith("--")
+        args = argparse.Namespace(cmd="plan", recipe=argv[1] if has_recipe else None)
+        return cmd_plan(args, argv[2:] if has_recipe else argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")

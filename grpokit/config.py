@@ -70,6 +70,13 @@ IGNORED_KEYS = {
     "vllm_server_port": "the vLLM engine is not available yet",
     "ddp_timeout": "not used",
     "eval_on_start": "evaluation before training is on when max_eval_samples > 0",
+    "vllm_device": "the vLLM engine is not available yet",
+    "gradient_checkpointing_kwargs": "gradient checkpointing is always non-reentrant",
+    "dataset_configs": "use dataset_config (one name); the task's default config otherwise",
+    "dataset_prompt_column": (
+        "not mapped yet: the task reads its own prompt column (math: problem, gsm8k: "
+        "question); for the custom task set task_params prompt_column"
+    ),
 }
 
 
