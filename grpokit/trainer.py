@@ -516,7 +516,12 @@ class GRPOTrainer:
                     m.update(rmetrics)
                     m["time/step"] = time.time() - t_round
                     t_round = time.time()
-                    rmetrics = {k: v for k, v in rmetrics.items() if not k.startswith("time/")}
+                    # a round's timings and generated tokens belong to its first step only
+                    rmetrics = {
+                        k: v
+                        for k, v in rmetrics.items()
+                        if not k.startswith("time/") and k != "tokens_generated"
+                    }
                     if (
                         self.step % c.logging_steps == 0
                         or self.step == 1

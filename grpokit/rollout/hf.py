@@ -72,9 +72,7 @@ class HFRolloutEngine:
         completion_ids = out[:, ids.shape[1] :]  # (N, C)
         cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
         completion_ids = completion_ids.masked_fill(cmask == 0, self.pad_id)
-        texts = self.tokenizer.batch_decode(
-            completion_ids.masked_fill(cmask == 0, self.pad_id), skip_special_tokens=True
-        )
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         return Rollout(ids, mask, completion_ids, cmask, truncated, texts)
 
 
