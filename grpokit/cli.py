@@ -33,7 +33,7 @@ def _split_resume(rest: list[str]) -> tuple[list[str], str | bool | None]:
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
-    from grpokit.config import ConfigError, load_config, save_config
+    from grpokit.config import ConfigError, load_config
 
     recipe = args.recipe
     if recipe is None:
@@ -64,8 +64,6 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         return 2
     from grpokit.trainer import GRPOTrainer
 
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
     trainer = GRPOTrainer(cfg, resume=resume)
     result = trainer.train()
     return 130 if result.get("stopped") else 0
@@ -108,6 +106,8 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
         if args.system_prompt is not None
         else run_cfg.get("system_prompt"),
         seed=args.seed if args.seed is not None else run_cfg.get("seed", 42),
+        dataset_config=run_cfg.get("dataset_config"),
+        dataset_prompt_column=run_cfg.get("dataset_prompt_column"),
         **params,
     )
     if run_cfg:

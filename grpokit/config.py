@@ -46,7 +46,6 @@ IGNORED_KEYS = {
     "overwrite_output_dir": "grpokit never deletes an output_dir; use --resume or a new one",
     "fp16": "use torch_dtype: float16",
     "tf32": "not used on CPU",
-    "do_eval": "evaluation runs before/after training and every eval_steps",
     "eval_strategy": "set eval_steps (0 disables periodic evaluation)",
     "save_strategy": "set save_steps",
     "logging_strategy": "set logging_steps",
@@ -73,10 +72,6 @@ IGNORED_KEYS = {
     "vllm_device": "the vLLM engine is not available yet",
     "gradient_checkpointing_kwargs": "gradient checkpointing is always non-reentrant",
     "dataset_configs": "use dataset_config (one name); the task's default config otherwise",
-    "dataset_prompt_column": (
-        "not mapped yet: the task reads its own prompt column (math: problem, gsm8k: "
-        "question); for the custom task set task_params prompt_column"
-    ),
 }
 
 
@@ -105,6 +100,9 @@ class GRPOConfig:
     dataset_config: str | None = None
     dataset_train_split: str = "train"
     dataset_test_split: str = "test"
+    # The dataset column holding the prompt text, when it is not the task's own (math:
+    # problem, gsm8k: question, tldr and custom: prompt); None keeps the task's.
+    dataset_prompt_column: str | None = None
     system_prompt: str | None = None
     max_train_samples: int | None = None
     prompt_truncation: str = "truncate"  # or "error"
@@ -155,6 +153,7 @@ class GRPOConfig:
     torch_num_threads: int | None = None
 
     # evaluation
+    do_eval: bool = True  # false: no held-out split is loaded and no evaluation runs
     eval_steps: int = 0
     max_eval_samples: int = 200
     per_device_eval_batch_size: int = 32
@@ -167,6 +166,10 @@ class GRPOConfig:
     save_total_limit: int | None = None
     report_to: str | list = "none"
     log_completions: bool = False
+    # report.html (grpokit report) written at the end of the run and every report_steps
+    # steps while it runs (0: only at the end); needs matplotlib (the report extra)
+    write_report: bool = True
+    report_steps: int = 10
 
     # ------------------------------------------------------------------ derived
     @property
@@ -244,6 +247,9 @@ def _validate(c: GRPOConfig) -> None:
     _check(c.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 disables clipping)")
     _check(c.logging_steps >= 1, "logging_steps must be >= 1")
     _check(c.save_steps >= 0, "save_steps must be >= 0 (0: only the final save)")
+    _check(
+        c.report_steps >= 0, "report_steps must be >= 0 (0: the report is written at the end only)"
+    )
     _check(c.eval_steps >= 0, "eval_steps must be >= 0 (0: no periodic evaluation)")
     _check(c.max_eval_samples >= 0, "max_eval_samples must be >= 0")
     _check(
@@ -392,6 +398,20 @@ def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfi
         if key not in hints:
             raise _unknown_key_error(key, list(hints))
         clean[key] = _coerce(key, value, hints[key])
+    if "task" not in clean and clean.get("dataset_name"):
+        # TRL / open-r1 recipes name a dataset, not a task: pick the task of a known dataset
+        from grpokit.tasks import task_for_dataset
+
+        task = task_for_dataset(clean["dataset_name"])
+        if task is not None:
+            clean["task"] = task
+        else:
+            warnings.warn(
+                f"{source}: no task named and dataset_name {clean['dataset_name']!r} is not a "
+                f"dataset grpokit knows, so the default task {GRPOConfig.task!r} reads it; set "
+                "task (math, gsm8k, countdown, tldr, custom, ...) if that is not its layout",
+                stacklevel=2,
+            )
     return GRPOConfig(**clean)
 
 

@@ -91,6 +91,8 @@ class MetricsLogger:
         with open(self.dir / "completions.jsonl", "a") as f:
             for r in rows:
                 f.write(json.dumps({"step": step, **r}) + "\n")
+        for t in self.trackers:
+            t.log_completions(step, rows)
 
     def close(self) -> None:
         for t in self.trackers:

@@ -247,8 +247,14 @@ def load_model_and_tokenizer(
     chat_template: str | None = None,
 ):
     """Load (model, tokenizer, ResolvedModel). Tokenizer pads on the left for generation."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import sys
 
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not sys.stderr.isatty():
+        # transformers' "Loading weights" bar redraws with carriage returns: noise in a log file
+        hf_logging.disable_progress_bar()
     res = resolve_model(spec)
     tok = AutoTokenizer.from_pretrained(res.path, trust_remote_code=trust_remote_code)
     tok.padding_side = "left"

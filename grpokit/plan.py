@@ -380,7 +380,7 @@ def estimate_memory(
 
     gen_batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     gen_len = T
-    if cfg.max_eval_samples > 0:
+    if cfg.do_eval and cfg.max_eval_samples > 0:
         eval_len = P + (cfg.eval_max_completion_length or C)
         eval_batch = min(cfg.per_device_eval_batch_size, cfg.max_eval_samples)
         if eval_batch * eval_len > gen_batch * gen_len:
@@ -471,6 +471,7 @@ def task_train_rows(cfg: GRPOConfig) -> tuple[int | None, str | None]:
             dataset_config=cfg.dataset_config,
             system_prompt=cfg.system_prompt,
             seed=cfg.seed,
+            dataset_prompt_column=cfg.dataset_prompt_column,
             **cfg.task_params,
         )
         source = task.source

@@ -17,6 +17,8 @@ import html
 import io
 import json
 import math
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +55,7 @@ class RunData:
     config_text: str | None = None
     skipped: dict[str, int] = field(default_factory=dict)  # file -> malformed lines
     notes: list[str] = field(default_factory=list)
+    status: dict[str, Any] | None = None  # status.json: running / finished / stopped / failed
 
 
 def finite(v: Any) -> float | None:
@@ -123,6 +126,10 @@ def load_run(run_dir: str | Path) -> RunData:
     d.after = (
         after if isinstance(after, dict) else _read_json(d.run_dir / "eval_after.json", d.notes)
     )
+    st = d.run_dir / "status.json"
+    if st.is_file():
+        status = _read_json(st, d.notes)
+        d.status = status if isinstance(status, dict) else None
     p = d.run_dir / "config.yaml"
     if p.is_file():
         d.config_text = p.read_text(errors="replace")
@@ -181,6 +188,7 @@ class Plot:
     slug: str
     title: str
     png: bytes
+    wide: bool = False  # several panels side by side: spans the page's whole row
 
 
 def _figure(ncols: int = 1):
@@ -346,7 +354,7 @@ def make_plots(d: RunData, plots_dir: Path | None = None) -> tuple[list[Plot], l
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
-        plots.append(Plot(slug, title, buf.getvalue()))
+        plots.append(Plot(slug, title, buf.getvalue(), wide=fig.get_figwidth() > 8))
     if plots_dir is not None and plots:
         plots_dir.mkdir(parents=True, exist_ok=True)
         for p in plots:
@@ -365,10 +373,13 @@ table{border-collapse:collapse;margin:.5em 0} td,th{border:1px solid #ddd;paddin
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(620px,1fr));gap:1em}
 figure{margin:0;border:1px solid #eee;padding:.5em} figure img{max-width:100%}
+figure.wide{grid-column:1/-1}
 figcaption{font-weight:600;margin-bottom:.3em}
 pre{white-space:pre-wrap;word-break:break-word;margin:0;font-size:.9em;max-width:900px}
 .note{color:#8a5a00} .good{color:#176f2c} .bad{color:#a11}
 .pos{background:#eef8ee} .neg{background:#fbeeee}
+.banner{padding:.6em 1em;border:1px solid #ccc;background:#f7f7f7}
+.banner.running{border-color:#7aa7d8;background:#eef4fb} .banner.failed{border-color:#d88;background:#fbeeee}
 """
 
 
@@ -551,12 +562,52 @@ def _eval_examples(d: RunData) -> str:
     return _table(["prompt"] + [n for n, _ in cols], rows)
 
 
+REFRESH_SECONDS = 30
+
+
+def _status_banner(status: dict[str, Any] | None) -> tuple[str, str]:
+    """(meta refresh tag, banner HTML) for the run's status.json: a running run's page
+    reloads itself, so an open tab follows the run."""
+    if not status:
+        return "", ""
+    state = str(status.get("state", ""))
+    step, total = status.get("step"), status.get("total_steps")
+    when = status.get("updated")
+    when_s = (
+        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+        if isinstance(when, (int, float))
+        else "?"
+    )
+    where = f"step {_e(step)} of {_e(total)}" if step is not None else ""
+    if state == "running":
+        return (
+            f'\n<meta http-equiv="refresh" content="{REFRESH_SECONDS}">',
+            f'<p class="banner running">Run in progress: {where}, report written {when_s}; '
+            f"this page reloads every {REFRESH_SECONDS} s.</p>",
+        )
+    if state == "failed":
+        return "", (
+            f'<p class="banner failed">The run failed at {where} ({when_s}): '
+            f"{_e(status.get('error', ''))}</p>"
+        )
+    if state == "stopped":
+        return "", (
+            f'<p class="banner">The run was stopped at {where} ({when_s}) with a checkpoint; '
+            "--resume continues it.</p>"
+        )
+    return "", ""
+
+
+WIDE = ' class="wide"'
+
+
 def render_html(d: RunData, plots: list[Plot], notes: list[str]) -> str:
     cfg = d.config or {}
     title = f"grpokit report — {d.run_dir.name or d.run_dir}"
     sub = " · ".join(_e(cfg[k]) for k in ("model_name_or_path", "task") if cfg.get(k))
     figs = "".join(
-        f'<figure id="{p.slug}"><figcaption>{_e(p.title)}</figcaption>'
+        f'<figure id="{p.slug}"{WIDE if p.wide else ""}>'
+        f"<figcaption>{_e(p.title)}</figcaption>"
         f'<img alt="{_e(p.title)}" src="data:image/png;base64,{base64.b64encode(p.png).decode()}">'
         "</figure>"
         for p in plots
@@ -570,12 +621,13 @@ def render_html(d: RunData, plots: list[Plot], notes: list[str]) -> str:
         if d.config_text
         else ""
     )
+    refresh, banner = _status_banner(d.status)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}
 <title>{_e(title)}</title><style>{CSS}</style></head>
 <body>
-<h1>{_e(title)}</h1><p>{sub}</p>
+<h1>{_e(title)}</h1><p>{sub}</p>{banner}
 <h2>Run summary</h2>{_summary(d)}
 {"<ul>" + notes_html + "</ul>" if notes_html else ""}
 <h2>Key settings</h2>{_settings(d)}{config_html}
@@ -591,10 +643,13 @@ exponential moving average (EMA) over them.</p>
 
 def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Write ``report.html`` (default ``RUN_DIR/report.html``) and its PNGs in ``plots/``
-    beside it. Returns the HTML path."""
+    beside it. Returns the HTML path. The HTML is replaced atomically, so a browser reading
+    it while a run rewrites it never sees half a page."""
     d = load_run(run_dir)
     out = Path(output) if output else d.run_dir / "report.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     plots, notes = make_plots(d, out.parent / "plots")
-    out.write_text(render_html(d, plots, notes), encoding="utf-8")
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(render_html(d, plots, notes), encoding="utf-8")
+    os.replace(tmp, out)
     return out

@@ -8,8 +8,10 @@ by ``num_iterations`` optimizer steps over it. ``max_steps`` counts optimizer st
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from grpokit.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from grpokit.config import GRPOConfig
+from grpokit.config import GRPOConfig, save_config
 from grpokit.data import PromptSampler, columns_for_rewards, render_prompts, tokenize_prompts
 from grpokit.evaluation import evaluate, format_comparison, save_eval
 from grpokit.logging import MetricsLogger
@@ -47,7 +49,7 @@ RESUME_LOCKED_KEYS = (
     "dataset_train_split", "max_train_samples", "num_generations", "per_device_train_batch_size",
     "gradient_accumulation_steps", "num_iterations", "use_peft", "lora_r", "lora_alpha",
     "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",
-    "torch_dtype", "system_prompt",
+    "torch_dtype", "system_prompt", "dataset_prompt_column",
 )  # fmt: skip
 
 
@@ -103,12 +105,13 @@ class GRPOTrainer:
             dataset_config=c.dataset_config,
             system_prompt=c.system_prompt,
             seed=c.seed,
+            dataset_prompt_column=c.dataset_prompt_column,
             **c.task_params,
         )
         self.train_rows = self.task.build(c.dataset_train_split, limit=c.max_train_samples)
         self.eval_rows = (
             self.task.build(c.dataset_test_split, limit=c.max_eval_samples)
-            if c.max_eval_samples > 0
+            if c.do_eval and c.max_eval_samples > 0
             else []
         )
         specs = (
@@ -358,6 +361,7 @@ class GRPOTrainer:
                     {
                         "prompt": prompts[i][-1]["content"],
                         "completion": ro.texts[i],
+                        "reward": _nan_none(total[dist.rank() * N + i].item()),
                         "rewards": {
                             n: _nan_none(rewards[i, j].item())
                             for j, n in enumerate(self.reward_names)
@@ -499,13 +503,16 @@ class GRPOTrainer:
             f"{c.prompts_per_step} prompts x {c.num_generations} completions per step; "
             f"{self.total_steps} steps; rewards {self.reward_names} weights {self.reward_weights.tolist()}"
         )
+        self._status("running")
+        if dist.is_main():
+            save_config(c, self.out / "config.yaml")  # the run's resolved config, for its report
         if self.eval_rows and self.step == 0:
             results["before"] = self._evaluate("before")
         stopped = False
         self.logger.start(self.step)
         try:
             while self.step < self.total_steps:
-                t_round = time.time()
+                t_round, round_start = time.time(), self.step
                 rows = self._next_rows()
                 batch, rmetrics, table = self._rollout_and_score(rows)
                 saved_due = False
@@ -545,18 +552,30 @@ class GRPOTrainer:
                     )
                 if saved_due and self.step < self.total_steps:
                     self.save()
+                if (
+                    c.report_steps
+                    and self.step // c.report_steps > round_start // c.report_steps
+                    and self.step < self.total_steps
+                ):
+                    self._write_report()
                 if self._stop_requested:
                     raise Stop
         except (Stop, KeyboardInterrupt):
             stopped = True
+            self._status("stopped")
             path = self.save()
             self.logger.print(
                 f"\nstopped at step {self.step}; checkpoint saved to {path}.\n"
                 f"continue with: grpokit train <recipe> --output_dir {c.output_dir} --resume"
             )
+        except Exception as e:
+            self._status("failed", error=f"{type(e).__name__}: {e}"[:2000])
+            self._write_report()
+            raise
         finally:
             self._restore_signal_handlers()
         if stopped:
+            self._write_report()
             self.logger.close()
             return {"stopped": True, "step": self.step}
         ckpt = self.save() if c.save_steps else None
@@ -567,13 +586,55 @@ class GRPOTrainer:
                 self.logger.print("\nheld-out evaluation (greedy):\n" + format_comparison(results))
                 if dist.is_main():
                     save_eval(results, self.out / "eval_summary.json")
+        self._status("finished")
+        report = self._write_report()
         self.logger.print(
             f"\nfinal model: {final}\nmetrics: {self.out / 'metrics.jsonl'}"
             + (f"\nlast checkpoint: {ckpt}" if ckpt else "")
-            + f"\nreport: grpokit report {self.out}"
+            + (f"\nreport: {report}" if report else f"\nreport: grpokit report {self.out}")
         )
         self.logger.close()
         return {"stopped": False, "step": self.step, "final_model": str(final), **results}
+
+    def _status(self, state: str, **extra: Any) -> None:
+        """status.json: what the run is doing, for the report (a running run's page reloads)."""
+        if not dist.is_main():
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "state": state,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "updated": time.time(),
+            **extra,
+        }
+        tmp = self.out / ".status.json.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.out / "status.json")
+
+    def _write_report(self) -> Path | None:
+        """report.html of the run so far; a failure here is logged, never fatal."""
+        if not (self.cfg.write_report and dist.is_main()):
+            return None
+        try:
+            from grpokit.report import write_report
+
+            if self._status_running():
+                self._status("running")
+            return write_report(self.out)
+        except ImportError as e:
+            if not getattr(self, "_report_warned", False):
+                log.warning("report.html not written (%s); pip install matplotlib", e)
+                self._report_warned = True
+        except Exception as e:  # noqa: BLE001 - the run matters more than its report
+            log.warning("report.html not written: %s: %s", type(e).__name__, e)
+        return None
+
+    def _status_running(self) -> bool:
+        try:
+            return json.loads((self.out / "status.json").read_text()).get("state") == "running"
+        except (OSError, ValueError):
+            return False
 
     def _evaluate(self, tag: str, verbose: bool = True) -> dict[str, Any]:
         c = self.cfg

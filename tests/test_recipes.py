@@ -68,8 +68,10 @@ def test_recipe_plans_and_trains_two_steps(recipe, tiny_model_dir, tmp_path, mon
     assert plan["memory"]["peak"] > plan["memory"]["weights"] > 0
     monkeypatch.undo()
 
-    task = raw.get("task", "gsm8k")
+    task = load_config(recipe).task  # named, or picked from dataset_name
     data = _data_overrides(task, tmp_path)
+    if data and "task" not in raw:
+        data += ["--task", task]  # a local stand-in file does not name the dataset
     if task == "gsm8k":
         from grpokit.tasks import get_task
 
@@ -84,4 +86,53 @@ def test_recipe_plans_and_trains_two_steps(recipe, tiny_model_dir, tmp_path, mon
     assert main(["train", *args]) == 0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == [1, 2]
+    assert (out / "final" / "config.json").is_file()
+
+
+def test_openr1_config_demo_runs_with_only_path_changes(tiny_model_dir, tmp_path):
+    """open-r1's config_demo.yaml, with only its model, dataset and output paths changed,
+    trains: the task comes from dataset_name (a local copy named like the hub dataset), the
+    prompt from dataset_prompt_column, and do_eval: false means no test split is needed."""
+    pytest.importorskip("math_verify")
+    pytest.importorskip("wandb")  # the recipe reports to wandb (offline without credentials)
+    data = tmp_path / "OpenR1-Math-220k"
+    data.mkdir()
+    rows = [
+        {
+            "problem": f"Compute {i} + {i}.",
+            "solution": f"We add: $\\boxed{{{2 * i}}}$",
+            "answer": str(2 * i),
+            "problem_type": "Algebra",
+            "source": "test",
+            "uuid": str(i),
+        }
+        for i in range(8)
+    ]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = (RECIPES[0].parent / "openr1_config_demo.yaml").read_text()
+    new = {
+        "model_name_or_path": tiny_model_dir,
+        "dataset_name": str(data),
+        "output_dir": str(tmp_path / "out"),
+    }
+    lines = []
+    for line in src.splitlines():
+        key = line.split(":", 1)[0]
+        lines.append(f"{key}: {new[key]}" if key in new and not line.startswith(" ") else line)
+    recipe = tmp_path / "config_demo.yaml"
+    recipe.write_text("\n".join(lines) + "\n")
+    changed = [a for a, b in zip(src.splitlines(), lines) if a != b]
+    assert len(changed) == 3, changed
+
+    cfg = load_config(recipe)
+    assert (cfg.task, cfg.dataset_prompt_column, cfg.do_eval) == ("math", "problem", False)
+    assert main(["train", str(recipe)]) == 0
+    out = tmp_path / "out"
+    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # one epoch of 8 prompts at 16 completions x 4 accumulation / G=16 = 4 prompts a step
+    assert [r["step"] for r in steps] == [1, 2]
+    assert {"rewards/accuracy/mean", "rewards/format/mean", "rewards/tag_count/mean"} <= set(
+        steps[0]
+    )
+    assert not list(out.glob("eval_*.json"))  # do_eval: false
     assert (out / "final" / "config.json").is_file()

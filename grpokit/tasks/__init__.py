@@ -21,7 +21,14 @@ from grpokit.tasks.gsm8k import GSM8KTask
 from grpokit.tasks.math import MathTask
 from grpokit.tasks.tldr import TLDRTask
 
-__all__ = ["Task", "TaskDataError", "get_task", "register_task", "registered_tasks"]
+__all__ = [
+    "Task",
+    "TaskDataError",
+    "get_task",
+    "register_task",
+    "registered_tasks",
+    "task_for_dataset",
+]
 
 _TASKS: dict[str, type[Task]] = {
     "arithmetic": ArithmeticTask,
@@ -41,6 +48,19 @@ def register_task(name: str, cls: type[Task]) -> None:
     _TASKS[name] = cls
 
 
+def task_for_dataset(dataset_name: str | None) -> str | None:
+    """The task whose layout the dataset ``dataset_name`` has, when grpokit knows it: a hub
+    id such as ``open-r1/OpenR1-Math-220k``, or a local path whose last component is that
+    id's name (``/data/OpenR1-Math-220k``). None when unknown."""
+    if not dataset_name:
+        return None
+    name = str(dataset_name).rstrip("/").replace("\\", "/").split("/")[-1].lower()
+    for task, cls in _TASKS.items():
+        if any(k.split("/")[-1].lower() == name for k in cls.known_datasets):
+            return task
+    return None
+
+
 def registered_tasks() -> list[str]:
     return sorted(_TASKS)
 
@@ -52,6 +72,7 @@ def get_task(
     dataset_config: str | None = None,
     system_prompt: str | None = None,
     seed: int = 0,
+    dataset_prompt_column: str | None = None,
     **params: Any,
 ) -> Task:
     """The task ``name`` configured with a dataset, system prompt, seed and its own params."""
@@ -66,6 +87,7 @@ def get_task(
         system_prompt=system_prompt,
         seed=seed,
         params=params,
+        prompt_column=dataset_prompt_column,
     )
 
 

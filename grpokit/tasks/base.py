@@ -42,6 +42,9 @@ class Task:
     system_prompt: str | None = None
     seed: int = 0
     params: dict[str, Any] = field(default_factory=dict)
+    # A dataset column to read the prompt text from instead of the task's own column
+    # (TRL/open-r1's ``dataset_prompt_column``); None keeps ``source_prompt_column``.
+    prompt_column: str | None = None
 
     # Reward functions a recipe gets when it names none, and their weights.
     default_reward_funcs: tuple[Any, ...] = ()
@@ -52,6 +55,12 @@ class Task:
 
     param_defaults: ClassVar[dict[str, Any]] = {"test_size": None}
     default_dataset: ClassVar[str | None] = None  # used when dataset_name is None
+    # The source column the task reads its prompt text from; None for tasks whose prompts
+    # are built from other columns or generated (dataset_prompt_column does not apply).
+    source_prompt_column: ClassVar[str | None] = None
+    # Hub datasets in the task's layout: a recipe naming one (or a local copy with the same
+    # directory name) and no ``task`` gets this task (see ``task_for_dataset``).
+    known_datasets: ClassVar[tuple[str, ...]] = ()
     default_dataset_config: ClassVar[str | None] = None
 
     _cache: dict[str, list[dict[str, Any]]] = field(
@@ -71,6 +80,15 @@ class Task:
             )
         self.p: dict[str, Any] = {**self.param_defaults, **self.params}
         self.configure()
+        if self.prompt_column is not None and self.prompt_source_column() is None:
+            raise TaskDataError(
+                f"task {self.name!r} builds its prompts from other columns or generates them, "
+                f"so dataset_prompt_column ({self.prompt_column!r}) does not apply; remove it"
+            )
+
+    def prompt_source_column(self) -> str | None:
+        """The column ``process_row`` reads the prompt from (None: not one column)."""
+        return self.source_prompt_column
 
     def configure(self) -> None:
         """Validate and unpack ``self.p`` (hook for subclasses)."""
@@ -83,7 +101,17 @@ class Task:
     def load_rows(self, split: str) -> list[dict[str, Any]]:
         """Rows of ``split`` ("train" or "test"), each a dict of plain values."""
         out = []
-        for r in self.source_rows(split):
+        target = self.prompt_source_column()
+        mapped = self.prompt_column is not None and self.prompt_column != target
+        for i, r in enumerate(self.source_rows(split)):
+            if mapped:
+                if self.prompt_column not in r:
+                    raise TaskDataError(
+                        f"task {self.name!r}: dataset_prompt_column {self.prompt_column!r} is "
+                        f"not a column of row {i} of split {split!r} (it has {sorted(r)}); set "
+                        "it to the column that holds the prompt text"
+                    )
+                r = {**r, target: r[self.prompt_column]}
             row = self.process_row(r)
             if row is not None:
                 out.append(row)

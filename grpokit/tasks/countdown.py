@@ -206,6 +206,7 @@ def generate_problem(rng: random.Random) -> dict[str, Any]:
 # ---------------------------------------------------------------------- task
 @dataclass
 class CountdownTask(Task):
+    known_datasets: ClassVar[tuple[str, ...]] = (HUB_ID,)
     default_reward_funcs: tuple = ("countdown", "format")
     default_system_prompt: str | None = SYSTEM_PROMPT
     required_columns: tuple = ("nums", "target")

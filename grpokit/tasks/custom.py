@@ -41,7 +41,7 @@ class CustomTask(Task):
                 f"task {self.name!r} needs dataset_name: a local jsonl/json/parquet/csv file or "
                 "directory, or a hub id"
             )
-        self.prompt_column = self.p["prompt_column"]
+        self.prompt_column_param = self.p["prompt_column"]
         self.answer_column = self.p["answer_column"]
         cols = self.p["reward_columns"]
         self.reward_columns = [cols] if isinstance(cols, str) else list(cols)
@@ -50,8 +50,11 @@ class CustomTask(Task):
             self.default_system_prompt = SYSTEM_PROMPT
             self.required_columns = ("answer",)
 
+    def prompt_source_column(self) -> str | None:
+        return self.prompt_column_param
+
     def process_row(self, row: dict[str, Any]) -> dict[str, Any]:
-        need = [self.prompt_column, *self.reward_columns]
+        need = [self.prompt_column_param, *self.reward_columns]
         if self.answer_column:
             need.append(self.answer_column)
         missing = [c for c in need if c not in row]
@@ -61,7 +64,7 @@ class CustomTask(Task):
                 f"{sorted(row)}); set task_params prompt_column / answer_column / reward_columns"
             )
         out = {c: row[c] for c in self.reward_columns}
-        out["prompt"] = row[self.prompt_column]
+        out["prompt"] = row[self.prompt_column_param]
         if self.answer_column:
             out["answer"] = str(row[self.answer_column]).strip()
         return out

@@ -83,6 +83,8 @@ class GSM8KTask(Task):
 
     param_defaults: ClassVar[dict[str, Any]] = {"test_size": None, "strict": False}
     default_dataset_config: ClassVar[str | None] = "main"
+    source_prompt_column: ClassVar[str | None] = "question"
+    known_datasets: ClassVar[tuple[str, ...]] = ("openai/gsm8k",)
 
     @property
     def source(self) -> str:

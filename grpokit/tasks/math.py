@@ -92,6 +92,8 @@ class MathTask(Task):
 
     param_defaults: ClassVar[dict[str, Any]] = {"test_size": None}
     default_dataset: ClassVar[str | None] = HUB_ID
+    source_prompt_column: ClassVar[str | None] = "problem"
+    known_datasets: ClassVar[tuple[str, ...]] = ("open-r1/OpenR1-Math-220k",)
     default_dataset_config: ClassVar[str | None] = "default"
 
     def process_row(self, row: dict[str, Any]) -> dict[str, Any]:

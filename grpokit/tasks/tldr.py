@@ -35,6 +35,8 @@ class TLDRTask(Task):
         "test_size": None,
     }
     default_dataset: ClassVar[str | None] = HUB_ID
+    source_prompt_column: ClassVar[str | None] = "prompt"
+    known_datasets: ClassVar[tuple[str, ...]] = ("mlabonne/smoltldr",)
 
     def configure(self) -> None:
         self.target_length, self.tolerance = int(self.p["target_length"]), int(self.p["tolerance"])

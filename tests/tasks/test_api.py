@@ -122,3 +122,47 @@ def test_default_rewards_resolve(tmp_path, write_jsonl):
                 missing.append(f"{task.name}:{name}")
     if missing:
         pytest.skip(f"rewards not registered yet: {missing}")
+
+
+def test_dataset_prompt_column_maps_the_prompt(tmp_path, write_jsonl):
+    """TRL / open-r1's dataset_prompt_column: the prompt text comes from another column."""
+    write_jsonl(
+        tmp_path / "m" / "train.jsonl",
+        [{"question_text": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)],
+    )
+    t = get_task("math", dataset_name=str(tmp_path / "m"), dataset_prompt_column="question_text")
+    rows = t.build("train")
+    assert [r["problem"] for r in rows] == [f"What is {i} + {i}?" for i in range(4)]
+    assert rows[0]["prompt"][-1]["content"] == "What is 0 + 0?"
+    same = get_task("math", dataset_name=str(tmp_path / "m"), dataset_prompt_column="problem")
+    with pytest.raises(TaskDataError, match="'problem'"):  # the task's own column: no mapping
+        same.build("train")
+    bad = get_task("math", dataset_name=str(tmp_path / "m"), dataset_prompt_column="questoin")
+    with pytest.raises(TaskDataError, match="dataset_prompt_column 'questoin'.*question_text"):
+        bad.build("train")
+    write_jsonl(tmp_path / "c.jsonl", [{"text": "hi", "q": "ask"} for _ in range(3)])
+    c = get_task("custom", dataset_name=str(tmp_path / "c.jsonl"), dataset_prompt_column="q")
+    assert c.build("train")[0]["prompt"][-1]["content"] == "ask"
+
+
+def test_dataset_prompt_column_is_refused_where_prompts_are_built():
+    for name in ("arithmetic", "countdown", "code"):
+        with pytest.raises(TaskDataError, match="dataset_prompt_column.*does not apply"):
+            get_task(name, dataset_prompt_column="prompt")
+
+
+def test_task_for_dataset_and_config_inference(tmp_path):
+    from grpokit.config import build_config
+    from grpokit.tasks import task_for_dataset
+
+    assert task_for_dataset("open-r1/OpenR1-Math-220k") == "math"
+    assert task_for_dataset("/data/copies/OpenR1-Math-220k/") == "math"
+    assert task_for_dataset("openai/gsm8k") == "gsm8k"
+    assert task_for_dataset("mlabonne/smoltldr") == "tldr"
+    assert task_for_dataset("someone/unknown") is None
+    assert build_config({"dataset_name": "open-r1/OpenR1-Math-220k"}).task == "math"
+    # an explicit task always wins
+    assert build_config({"dataset_name": "open-r1/OpenR1-Math-220k", "task": "custom"}).task == (
+        "custom"
+    )
+    assert build_config({}).task == "gsm8k"
