@@ -121,6 +121,8 @@ class GRPOConfig:
     top_p: float = 1.0
     top_k: int | None = None
     repetition_penalty: float = 1.0
+    generation_loop: str = "grpokit"  # grpokit's decode loop, or "hf" (transformers' generate)
+    bf16_sampling_copy: bool = True  # with bf16 (full fine-tuning): sample from a bf16 copy
 
     # GRPO objective
     beta: float = 0.0
@@ -223,6 +225,10 @@ def _validate(c: GRPOConfig) -> None:
     )
     _check(c.prompt_truncation in ("truncate", "error"), "prompt_truncation: use truncate or error")
     _check(c.reward_errors in ("raise", "skip"), "reward_errors: use raise or skip")
+    _check(
+        c.generation_loop in ("grpokit", "hf"),
+        f"generation_loop={c.generation_loop!r}: use grpokit or hf (transformers' generate)",
+    )
     _check(c.max_nonfinite_skips >= 1, "max_nonfinite_skips must be >= 1")
     reports = [c.report_to] if isinstance(c.report_to, str) else list(c.report_to)
     for r in reports:

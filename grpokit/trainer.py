@@ -171,7 +171,18 @@ class GRPOTrainer:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.amp_dtype = torch.bfloat16 if c.bf16 else None
-        self.engine = HFRolloutEngine(self.model, self.tokenizer, autocast_dtype=self.amp_dtype)
+        self.engine = HFRolloutEngine(
+            self.model,
+            self.tokenizer,
+            autocast_dtype=self.amp_dtype,
+            loop=c.generation_loop,
+            # bf16 full fine-tuning samples from a bf16 copy of the weights (see the engine)
+            sampling_dtype=self.amp_dtype if (c.bf16_sampling_copy and not c.use_peft) else None,
+        )
+        # held-out evaluation decodes with the training model itself (autocast when bf16)
+        self.eval_engine = HFRolloutEngine(
+            self.model, self.tokenizer, autocast_dtype=self.amp_dtype, loop=c.generation_loop
+        )
         self.sampling = SamplingParams(
             max_new_tokens=c.max_completion_length,
             temperature=c.temperature,
@@ -202,6 +213,7 @@ class GRPOTrainer:
                 "resume with the checkpoint's values or start a new output_dir"
             )
         load_model_weights(self.model, ckpt, is_peft=self.cfg.use_peft)
+        self.engine.weights_updated()
         self.optimizer.load_state_dict(files["optimizer"])
         self.scheduler.load_state_dict(files["scheduler"])
         if files["ref_model"] is not None and self.ref_model is not None:
@@ -425,6 +437,7 @@ class GRPOTrainer:
         lr = self.scheduler.get_last_lr()[0]
         if finite:
             self.optimizer.step()
+            self.engine.weights_updated()
             self._consecutive_skips = 0
         else:
             self._skip_nonfinite(b)
@@ -640,7 +653,7 @@ class GRPOTrainer:
         c = self.cfg
         t0 = time.time()
         r = evaluate(
-            self.engine,
+            self.eval_engine,
             self.task,
             self.eval_rows,
             self.reward_funcs,

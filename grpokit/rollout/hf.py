@@ -1,10 +1,14 @@
-"""Rollouts with transformers' ``generate``."""
+"""Rollouts from a transformers model: grpokit's decode loop (``rollout/sampler.py``, the
+default) or transformers' ``generate`` (``generation_loop: hf``)."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
 from grpokit.rollout.base import Rollout, SamplingParams, completion_mask_from_eos
+from grpokit.rollout.sampler import sample
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -23,9 +27,23 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 class HFRolloutEngine:
-    """Samples with ``model.generate``; the policy model itself, no weight copy."""
+    """Samples from the policy model itself, or, with ``sampling_dtype`` (bf16 runs of full
+    fine-tuning), from a copy of its weights in that dtype, refreshed lazily after
+    ``weights_updated()``: one cast per optimizer step instead of autocast re-casting every
+    weight at every decoded token. The copy only chooses the samples; log-probs for the loss
+    always come from the training model."""
 
-    def __init__(self, model, tokenizer, autocast_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        autocast_dtype: torch.dtype | None = None,
+        *,
+        loop: str = "grpokit",
+        sampling_dtype: torch.dtype | None = None,
+    ):
+        if loop not in ("grpokit", "hf"):
+            raise ValueError(f"generation_loop={loop!r}: use grpokit or hf")
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(model, tokenizer)
@@ -33,6 +51,31 @@ class HFRolloutEngine:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         )
         self.autocast_dtype = autocast_dtype
+        self.loop = loop
+        self.sampling_dtype = sampling_dtype
+        self._copy = None
+        self._stale = True
+
+    def weights_updated(self) -> None:
+        """The policy's weights changed (optimizer step, resume): refresh the copy."""
+        self._stale = True
+
+    def _sampling_model(self):
+        if self.sampling_dtype is None:
+            return self.model, self.autocast_dtype
+        if self._copy is None:
+            self._copy = copy.deepcopy(self.model).to(self.sampling_dtype).eval()
+            for p in self._copy.parameters():
+                p.requires_grad_(False)
+            self._stale = False
+        elif self._stale:
+            with torch.no_grad():
+                for dst, src in zip(self._copy.parameters(), self.model.parameters()):
+                    dst.copy_(src)
+                for dst, src in zip(self._copy.buffers(), self.model.buffers()):
+                    dst.copy_(src)
+            self._stale = False
+        return self._copy, None
 
     @torch.no_grad()
     def generate(
@@ -45,6 +88,38 @@ class HFRolloutEngine:
         """prompt_ids/prompt_mask: (B, P) left-padded. Returns a Rollout of N = B*G rows."""
         ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (N, P)
         mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+        model, amp = self._sampling_model()
+        was_training = model.training
+        model.eval()
+        try:
+            with autocast(model.device.type, amp):
+                if self.loop == "grpokit":
+                    completion_ids = sample(
+                        model,
+                        ids,
+                        mask,
+                        max_new_tokens=params.max_new_tokens,
+                        eos_ids=self.eos_ids,
+                        pad_id=self.pad_id,
+                        greedy=params.greedy,
+                        temperature=params.temperature,
+                        top_p=params.top_p,
+                        top_k=params.top_k,
+                        repetition_penalty=params.repetition_penalty,
+                    )
+                else:
+                    out = model.generate(
+                        input_ids=ids, attention_mask=mask, **self._hf_kwargs(params)
+                    )
+                    completion_ids = out[:, ids.shape[1] :]  # (N, C)
+        finally:
+            model.train(was_training)
+        cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
+        completion_ids = completion_ids.masked_fill(cmask == 0, self.pad_id)
+        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        return Rollout(ids, mask, completion_ids, cmask, truncated, texts)
+
+    def _hf_kwargs(self, params: SamplingParams) -> dict:
         kwargs = dict(
             max_new_tokens=params.max_new_tokens,
             pad_token_id=self.pad_id,
@@ -62,18 +137,7 @@ class HFRolloutEngine:
             )
         if params.repetition_penalty != 1.0:
             kwargs["repetition_penalty"] = params.repetition_penalty
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with autocast(self.model.device.type, self.autocast_dtype):
-                out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        finally:
-            self.model.train(was_training)
-        completion_ids = out[:, ids.shape[1] :]  # (N, C)
-        cmask, truncated = completion_mask_from_eos(completion_ids, self.eos_ids)
-        completion_ids = completion_ids.masked_fill(cmask == 0, self.pad_id)
-        texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        return Rollout(ids, mask, completion_ids, cmask, truncated, texts)
+        return kwargs
 
 
 def autocast(device_type: str, dtype: torch.dtype | None):

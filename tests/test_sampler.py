@@ -1,0 +1,154 @@
+"""grpokit's decode loop (grpokit/rollout/sampler.py) draws from the same distribution as
+transformers' generate: greedy output identical token for token (left padding included),
+the same filters as generate's warpers, an exact categorical draw, and log-probs of the
+sampled tokens that the training forward reproduces."""
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from grpokit.rollout.sampler import _apply_repetition_penalty, _filter_top_k_top_p, draw, sample
+
+
+def _prompts(tok):
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": m}], tokenize=False, add_generation_prompt=True
+        )
+        for m in ("What is 2 + 3?", "Tell me a much longer story about a cat and a dog.", "Hi")
+    ]
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True)
+    return enc.input_ids, enc.attention_mask
+
+
+def test_greedy_equals_generate_with_left_padding(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = _prompts(tok)
+    assert (mask == 0).any(), "the test needs left padding"
+    eos = [tok.eos_token_id]
+    with torch.no_grad():
+        ref = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=eos,
+        )[:, ids.shape[1] :]
+    mine = sample(
+        model, ids, mask, max_new_tokens=12, eos_ids=eos, pad_id=tok.pad_token_id, greedy=True
+    )
+    assert torch.equal(mine, ref)
+    # when every row has ended the loop stops: make each row's first greedy token an EOS
+    firsts = sorted({int(t) for t in ref[:, 0]})
+    short = sample(model, ids, mask, max_new_tokens=12, eos_ids=firsts, pad_id=-1, greedy=True)
+    assert short.shape == (3, 1) and torch.equal(short[:, 0], ref[:, 0])
+    # a row that ends early is padded after its EOS while the others go on
+    stop = int(ref[0, 2])
+    if stop not in ref[1:, :].flatten().tolist():
+        part = sample(model, ids, mask, max_new_tokens=12, eos_ids=[stop], pad_id=-1, greedy=True)
+        assert part.shape[1] == 12 and part[0, 2] == stop and (part[0, 3:] == -1).all()
+
+
+def test_filters_equal_generate_warpers():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        scores = torch.randn(4, 97, generator=g) * 3
+        ids = torch.randint(0, 97, (4, 10), generator=g)
+        for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.9), (7, 0.5), (0, 0.01)):
+            want = scores.clone()
+            if top_k:
+                want = TopKLogitsWarper(top_k)(ids, want)
+            if top_p < 1:
+                want = TopPLogitsWarper(top_p)(ids, want)
+            got = _filter_top_k_top_p(scores.clone(), top_k, top_p)
+            assert torch.equal(torch.isinf(got), torch.isinf(want)), (top_k, top_p)
+            assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
+        want = RepetitionPenaltyLogitsProcessor(1.3)(ids, scores.clone())
+        torch.testing.assert_close(_apply_repetition_penalty(scores.clone(), ids, 1.3), want)
+
+
+def test_draw_is_an_exact_categorical_sample():
+    probs = torch.tensor([[0.5, 0.0, 0.2, 0.3], [0.0, 0.0, 0.0, 1.0]])
+    g = torch.Generator().manual_seed(1)
+    n = 40_000
+    counts = torch.zeros(2, 4)
+    for _ in range(n // 1000):
+        idx = draw(probs.repeat(1000, 1), g).view(1000, 2)
+        for r in range(2):
+            counts[r] += torch.bincount(idx[:, r], minlength=4)
+    freq = counts / n
+    assert freq[0, 1] == 0 and freq[1, :3].sum() == 0  # zero-probability tokens never drawn
+    # 4 sigma of a binomial proportion at n=40k is about 0.01
+    torch.testing.assert_close(freq[0], probs[0], atol=0.01, rtol=0)
+
+
+def test_sampled_tokens_are_what_the_training_forward_scores(tiny_model_dir):
+    """Sampling at temperature 0.7 with a fixed seed, then re-scoring: the chosen tokens'
+    probabilities under the training forward's distribution are consistent with the draw
+    (each uniform falls inside the chosen token's CDF interval)."""
+    from grpokit.algo import selective_log_softmax
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = _prompts(tok)
+    torch.manual_seed(0)
+    comp = sample(model, ids, mask, max_new_tokens=6, eos_ids=[], pad_id=0, temperature=0.7)
+    assert comp.shape == (3, 6)
+    # replay the uniforms and check every chosen token sits where its uniform falls
+    full = torch.cat([ids, comp], 1)
+    am = torch.cat([mask, torch.ones_like(comp)], 1)
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=am, position_ids=pos).logits
+    logits = logits[:, ids.shape[1] - 1 : -1].float() / 0.7
+    probs = logits.softmax(-1)
+    torch.manual_seed(0)
+    for t in range(6):
+        u = torch.rand(3, 1)
+        cdf = probs[:, t].cumsum(-1)
+        lo = torch.where(
+            comp[:, t] > 0, cdf.gather(-1, (comp[:, t] - 1).clamp(min=0)[:, None])[:, 0], 0.0
+        )
+        hi = cdf.gather(-1, comp[:, t][:, None])[:, 0]
+        x = u[:, 0] * cdf[:, -1]
+        assert ((x >= lo - 1e-4) & (x <= hi + 1e-4)).all(), t
+    logp = selective_log_softmax(logits, comp)
+    assert torch.isfinite(logp).all()
+
+
+def test_bf16_sampling_copy_follows_the_policy(tiny_model_dir):
+    """The engine's bf16 copy is refreshed after weights_updated() and only then."""
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.hf import HFRolloutEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = _prompts(tok)
+    eng = HFRolloutEngine(model, tok, sampling_dtype=torch.bfloat16)
+    params = SamplingParams(max_new_tokens=4, greedy=True)
+    eng.generate(ids, mask, params)
+    copy_model = eng._copy
+    assert next(copy_model.parameters()).dtype == torch.bfloat16
+
+    def same():
+        return all(
+            torch.equal(c, p.detach().to(torch.bfloat16))
+            for c, p in zip(copy_model.parameters(), model.parameters())
+        )
+
+    assert same()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    eng.generate(ids, mask, params)
+    assert not same()  # not refreshed: nobody said the weights changed
+    eng.weights_updated()
+    eng.generate(ids, mask, params)
+    assert same() and eng._copy is copy_model  # refreshed in place, no new copy
