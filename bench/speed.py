@@ -108,7 +108,7 @@ def _in_phase(fn, name: str):
 
 
 def child_grpokit(spec: dict) -> dict:
-    import functools
+    import dataclasses
 
     import torch
 
@@ -116,17 +116,12 @@ def child_grpokit(spec: dict) -> dict:
     from grpokit.rollout.hf import HFRolloutEngine
     from grpokit.trainer import GRPOTrainer
 
-    if spec["forced_length"]:  # grpokit has no such option: suppress EOS until the last token
+    if spec["forced_length"]:  # EOS masked until max_completion_length, as TRL's min_new_tokens
         orig = HFRolloutEngine.generate
 
         def generate(self, prompt_ids, prompt_mask, params, num_generations=1):
-            self.model.generate = functools.partial(
-                type(self.model).generate, self.model, min_new_tokens=params.max_new_tokens
-            )
-            try:
-                return orig(self, prompt_ids, prompt_mask, params, num_generations)
-            finally:
-                del self.model.generate
+            params = dataclasses.replace(params, min_new_tokens=params.max_new_tokens)
+            return orig(self, prompt_ids, prompt_mask, params, num_generations)
 
         HFRolloutEngine.generate = generate
 

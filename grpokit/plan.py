@@ -346,7 +346,8 @@ def estimate_memory(
 ) -> dict[str, Any]:
     """Bytes per device, by component. ``prompt_length`` defaults to max_prompt_length.
 
-    peak = baseline + weights + reference + optimizer + max(training phase, generation phase)
+    peak = baseline + weights + reference + sampling copy + optimizer
+           + max(training phase, generation phase)
     training phase = gradients + autocast weight copies + activations of one micro-batch
     generation phase = KV cache + sampling temporaries
     (gradients are freed after each optimizer step, so they do not meet the KV cache).
@@ -402,6 +403,10 @@ def estimate_memory(
         "optimizer": 2 * trainable * tb // shard_opt,
         "gradients": trainable * tb // shard_grad,
         "autocast_weights": params * 2 if autocast else 0,
+        # bf16 full fine-tuning samples from a bf16 copy of the weights (rollout/hf.py)
+        "sampling_copy": (
+            params * 2 // shard_w if cfg.bf16 and cfg.bf16_sampling_copy and not cfg.use_peft else 0
+        ),
         "activations": acts,
         "activations_no_ckpt": full_acts,
         "activations_ckpt": ckpt_acts,
@@ -416,7 +421,12 @@ def estimate_memory(
     out["training_phase"] = train
     out["generation_phase"] = gen
     out["peak"] = (
-        out["baseline"] + out["weights"] + out["reference"] + out["optimizer"] + max(train, gen)
+        out["baseline"]
+        + out["weights"]
+        + out["reference"]
+        + out["sampling_copy"]
+        + out["optimizer"]
+        + max(train, gen)
     )
     return out
 
@@ -567,6 +577,7 @@ def format_plan(plan: Plan, cfg: GRPOConfig) -> str:
         f"  process baseline (python, torch)       {_gb(m['baseline'])}",
         f"  weights                                {_gb(m['weights'])}",
         f"  reference model                        {_gb(m['reference'])}",
+        f"  bf16 sampling copy of the weights      {_gb(m['sampling_copy'])}",
         f"  AdamW states                           {_gb(m['optimizer'])}",
         f"  gradients                              {_gb(m['gradients'])}",
         f"  autocast bf16 weight copies            {_gb(m['autocast_weights'])}",

@@ -3,6 +3,8 @@ transformers' generate: greedy output identical token for token (left padding in
 the same filters as generate's warpers, an exact categorical draw, and log-probs of the
 sampled tokens that the training forward reproduces."""
 
+import copy
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.logits_process import (
@@ -144,6 +146,12 @@ def test_bf16_sampling_copy_follows_the_policy(tiny_model_dir):
         )
 
     assert same()
+    want = copy.deepcopy(model).to(torch.bfloat16).state_dict()
+    got = copy_model.state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert [n for n, _ in copy_model.named_parameters()] == [
+        n for n, _ in model.named_parameters()
+    ]  # tied weights stay tied
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.5)
@@ -152,3 +160,15 @@ def test_bf16_sampling_copy_follows_the_policy(tiny_model_dir):
     eng.weights_updated()
     eng.generate(ids, mask, params)
     assert same() and eng._copy is copy_model  # refreshed in place, no new copy
+
+
+def test_min_new_tokens_masks_eos(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = _prompts(tok)
+    greedy = sample(model, ids, mask, max_new_tokens=6, eos_ids=[], pad_id=-1, greedy=True)
+    eos = sorted({int(t) for t in greedy[:, 0]})  # each row's first choice is an EOS
+    out = sample(
+        model, ids, mask, max_new_tokens=6, eos_ids=eos, pad_id=-1, greedy=True, min_new_tokens=3
+    )
+    assert out.shape[1] >= 3 and not torch.isin(out[:, :3], torch.tensor(eos)).any()

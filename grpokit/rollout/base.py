@@ -15,6 +15,7 @@ class SamplingParams:
     top_k: int | None = None
     repetition_penalty: float = 1.0
     greedy: bool = False
+    min_new_tokens: int = 0  # EOS is masked out before this many tokens (benchmarks)
 
 
 @dataclass

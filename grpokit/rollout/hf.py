@@ -64,11 +64,9 @@ class HFRolloutEngine:
         if self.sampling_dtype is None:
             return self.model, self.autocast_dtype
         if self._copy is None:
-            self._copy = copy.deepcopy(self.model).to(self.sampling_dtype).eval()
-            for p in self._copy.parameters():
-                p.requires_grad_(False)
-            self._stale = False
-        elif self._stale:
+            self._copy = _empty_like_model(self.model, self.sampling_dtype)
+            self._stale = True
+        if self._stale:
             with torch.no_grad():
                 for dst, src in zip(self._copy.parameters(), self.model.parameters()):
                     dst.copy_(src)
@@ -106,6 +104,7 @@ class HFRolloutEngine:
                         top_p=params.top_p,
                         top_k=params.top_k,
                         repetition_penalty=params.repetition_penalty,
+                        min_new_tokens=params.min_new_tokens,
                     )
                 else:
                     out = model.generate(
@@ -137,7 +136,30 @@ class HFRolloutEngine:
             )
         if params.repetition_penalty != 1.0:
             kwargs["repetition_penalty"] = params.repetition_penalty
+        if params.min_new_tokens:
+            kwargs["min_new_tokens"] = params.min_new_tokens
         return kwargs
+
+
+def _empty_like_model(model, dtype: torch.dtype):
+    """A model of the same class and config with uninitialised ``dtype`` weights, built on
+    the meta device: no transient full-precision copy (a deepcopy then cast would leave an
+    extra fp32 model's worth of freed memory in the process). Its buffers (rotary tables)
+    are filled from ``model`` on the first refresh."""
+    with torch.device("meta"):
+        twin = type(model)(copy.deepcopy(model.config))
+    twin = twin.to(dtype=dtype).to_empty(device=next(model.parameters()).device)
+    if hasattr(twin, "tie_weights"):
+        twin.tie_weights()  # to_empty gives tied parameters separate storage: tie them again
+    for (n, a), (m, b) in zip(twin.named_parameters(), model.named_parameters()):
+        if n != m or a.shape != b.shape:
+            raise RuntimeError(f"sampling copy does not mirror the model ({n} vs {m})")
+    twin.eval()
+    for p in twin.parameters():
+        p.requires_grad_(False)
+    if hasattr(model, "generation_config"):
+        twin.generation_config = copy.deepcopy(model.generation_config)
+    return twin
 
 
 def autocast(device_type: str, dtype: torch.dtype | None):

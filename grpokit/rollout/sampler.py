@@ -70,6 +70,7 @@ def sample(
     top_p: float = 1.0,
     top_k: int | None = None,
     repetition_penalty: float = 1.0,
+    min_new_tokens: int = 0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """(N, P) left-padded prompts -> (N, C) completion ids, C <= max_new_tokens, rows that
@@ -108,6 +109,8 @@ def sample(
     for t in range(max_new_tokens):
         if seen is not None:
             logits = _apply_repetition_penalty(logits, seen, repetition_penalty)
+        if t < min_new_tokens and eos_ids:
+            logits[:, eos] = float("-inf")
         if greedy:
             nxt = logits.argmax(-1)
         else:
