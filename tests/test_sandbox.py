@@ -1,59 +1,144 @@
+"""grpokit.sandbox basics: limits, rewards, pool, the code task. Hostile programs:
+test_sandbox_hostile.py; fallback levels: test_sandbox_fallback.py; a training step:
+test_sandbox_train.py; the 30 problems' reference solutions: test_sandbox_references.py."""
+
 import os
+import resource
 import socket
+import threading
 import time
 
+import pytest
+
+from grpokit import sandbox
 from grpokit.rewards import get_reward_funcs
-from grpokit.sandbox import run_python, score_many
+from grpokit.sandbox import SandboxError, resolve_isolation, run_python, score_many
 
 CASES = [{"input": "1 2\n", "output": "3"}, {"input": "5 7\n", "output": "12"}]
 INFO = {"language": "python", "test_cases": CASES}
+ROOT = os.geteuid() == 0
 
 
 def _run(code, **kw):
-    return run_python(code, timeout=2, cpu_seconds=2, **kw)
+    kw.setdefault("timeout", 2)
+    return run_python(code, **kw)
 
 
-def _nobody_procs():
-    n = 0
+def sandbox_procs():
+    """Live processes running as one of the sandbox's dedicated uids."""
+    lo, hi = sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_COUNT
+    out = []
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                if os.stat(f"/proc/{p}").st_uid == 65534:
-                    n += 1
+                with open(f"/proc/{p}/status") as f:
+                    st = dict(ln.split(":", 1) for ln in f if ":" in ln)
             except OSError:
-                pass
-    return n
+                continue
+            if st["State"].split()[0] != "Z" and lo <= int(st["Uid"].split()[0]) < hi:
+                out.append(int(p))
+    return out
 
 
 def test_correct_solution_through_reward():
     fn = get_reward_funcs(["code"])[0]
     good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    half = "```python\nprint(3)\n```"
     bad = "```python\nprint(0)\n```"
-    assert fn(None, [good, bad, "no code"], verification_info=[INFO] * 3) == [1.0, 0.0, 0.0]
+    out = fn(None, [good, half, bad, "no code"], verification_info=[INFO] * 4)
+    assert out == [1.0, 0.5, 0.0, 0.0]
+    binary = get_reward_funcs(["binary_code"])[0]
+    assert binary(None, [good, half], verification_info=[INFO] * 2) == [1.0, 0.0]
+
+
+def test_reward_reads_json_column_and_last_block():
+    fn = get_reward_funcs([{"code": {"timeout": 2}}])[0]
+    two = "```python\nprint(0)\n```\nbetter:\n```python\nprint(sum(map(int, input().split())))\n```"
+    import json
+
+    assert fn(None, [two], verification_info=[json.dumps(INFO)]) == [1.0]
+    with pytest.raises(ValueError, match="Python only"):
+        fn(None, [two], verification_info=[{"language": "cpp", "test_cases": CASES}])
+
+
+@pytest.mark.skipif(not ROOT, reason="namespaces need root")
+def test_auto_isolation_is_namespaces_here():
+    assert resolve_isolation() == "namespaces"
+    info = sandbox.sandbox_info()
+    assert info["seccomp"] is True
+    assert "/work" in info["hidden"] and "/root" in info["hidden"]
+    r = _run(
+        "import os\nprint(os.getcwd(), os.getuid(), sum(p.isdigit() for p in os.listdir('/proc')) <= 3)"
+    )
+    cwd, uid, few = r.stdout.split()
+    assert cwd == "/tmp" and few == "True"
+    assert sandbox.UID_BASE <= int(uid) < sandbox.UID_BASE + sandbox.UID_COUNT
+
+
+def test_isolation_argument_checked():
+    with pytest.raises(ValueError, match="choose one of"):
+        resolve_isolation("chroot")
+    if ROOT:
+        with pytest.raises(SandboxError, match="as root"):
+            run_python("print(1)", isolation="none")
 
 
 def test_infinite_loop_times_out():
-    r = _run("while True: pass")
-    assert r.timed_out and r.wall_time < 4
+    r = _run("while True: pass", timeout=1)
+    assert r.timed_out and r.killed_reason == "timeout" and r.returncode == -9
+
+
+def test_closed_pipes_do_not_end_the_clock():
+    """A program that closes stdout/stderr and keeps running is still killed at the timeout."""
+    r = _run("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", timeout=1)
+    assert r.timed_out
 
 
 def test_fork_bomb_capped_and_cleaned():
-    r = _run("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass")
-    assert r.wall_time < 5
-    deadline = time.monotonic() + 3
-    while _nobody_procs() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _nobody_procs() == 0
+    r = _run("import os\nwhile True:\n    try: os.fork()\n    except OSError: pass", timeout=1)
+    assert r.timed_out
+    assert sandbox_procs() == []  # gone when run_python returns, no waiting
+
+
+def test_threads_fork_and_subprocess_still_work():
+    code = (
+        "import os, subprocess, sys, threading\n"
+        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+        "pid = os.fork()\n"
+        "if pid == 0: os._exit(7)\n"
+        "print('child', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(5)'], capture_output=True).stdout)"
+    )
+    r = _run(code)
+    assert r.stdout.split("\n")[:3] == ["thread", "child 7", "b'5\\n'"], r.stderr
 
 
 def test_memory_bomb():
     r = _run("x = bytearray(2_000_000_000)\nprint('ok')", memory_mb=256)
-    assert "ok" not in r.stdout and r.returncode != 0
+    assert "ok" not in r.stdout and "MemoryError" in r.stderr
 
 
 def test_huge_file():
     r = _run("open('f','wb').write(b'0' * 50_000_000)\nprint('ok')", max_file_mb=1)
-    assert "ok" not in r.stdout
+    assert "ok" not in r.stdout and "File too large" in r.stderr
+
+
+def test_big_stdin_round_trip():
+    data = "x" * 3_000_000 + "\n"
+    r = _run("import sys\nprint(len(sys.stdin.readline()))", stdin=data)
+    assert r.stdout.strip() == str(len(data))
+
+
+def test_gigabytes_of_output_are_cut_while_running():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code = "import sys\nb = b'x' * (1 << 20)\nwhile True:\n    sys.stdout.buffer.write(b)"
+    r = _run(code, timeout=20, max_output_bytes=100_000)
+    assert r.killed_reason == "output" and not r.timed_out
+    assert len(r.stdout) == 100_000
+    r = _run(code.replace("stdout", "stderr"), timeout=20, max_output_bytes=100_000)
+    assert r.killed_reason == "output" and len(r.stderr) == 100_000
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kb < 100_000  # never buffered the gigabytes in this process
 
 
 def test_no_user_files():
@@ -75,17 +160,36 @@ def test_no_network():
 
 def test_env_secret(monkeypatch):
     monkeypatch.setenv("SECRET", "hunter2")
-    r = _run("import os\nprint(os.environ)")
-    assert "hunter2" not in r.stdout
+    r = _run("import os\nprint(dict(os.environ))")
+    assert "hunter2" not in r.stdout and "PATH" in r.stdout
 
 
 def test_pool_with_loops():
     good = "a, b = map(int, input().split())\nprint(a + b)"
-    jobs = [(good, CASES)] * 4 + [("while True: pass", CASES[:1])] * 2
-    t0 = time.monotonic()
-    out = score_many(jobs, max_workers=2, timeout=1, cpu_seconds=1)
-    assert out == [1.0] * 4 + [0.0] * 2
-    assert time.monotonic() - t0 < 8
+    jobs = [(good, CASES)] * 4 + [("while True: pass", CASES[:1])] * 2 + [("x", [])]
+    out = score_many(jobs, max_workers=2, timeout=1)
+    assert out == [1.0] * 4 + [0.0] * 3
+
+
+def test_pool_is_bounded(monkeypatch):
+    """Never more sandboxes at once than workers."""
+    running, peak, lock = [0], [0], threading.Lock()
+    real = sandbox.run_python
+
+    def counting(*a, **k):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            time.sleep(0.05)
+            return real(*a, **k)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(sandbox, "run_python", counting)
+    score_many([("print(3)", CASES)] * 4, max_workers=2)
+    assert peak[0] == 2
 
 
 def test_code_task_splits_and_grader():
