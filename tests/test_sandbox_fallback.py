@@ -1,0 +1,152 @@
+"""The sandbox's fallback levels (docs/sandbox.md), forced on this machine:
+
+- ``uid``: what a root process gets without working namespaces (forced with
+  ``isolation="uid"`` or ``GRPOKIT_SANDBOX_ISOLATION=uid``);
+- ``none``: what a non-root user gets; run for real from a helper process that this test
+  starts as an unprivileged uid.
+
+Each runs the basic and the hostile programs of test_sandbox_hostile.py; the expected
+scores include the documented holes (1.0 = the attack got through) so the docs stay true.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from grpokit import sandbox
+from grpokit.rewards import get_reward_funcs
+from grpokit.sandbox import run_python, score_many
+
+ROOT = os.geteuid() == 0
+pytestmark = pytest.mark.skipif(not ROOT, reason="forcing the fallbacks needs root")
+
+_spec = importlib.util.spec_from_file_location(
+    "sandbox_hostile_programs", Path(__file__).with_name("test_sandbox_hostile.py")
+)
+H = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(H)
+hostile = H.hostile  # the fixture
+
+# What gets through each fallback (1.0), as docs/sandbox.md says:
+UID_HOLES = {
+    "read_project": 1.0,  # files readable by everyone stay readable
+    "see_processes": 1.0,  # /proc shows every process
+    "write_outside": 1.0,  # /var/tmp, /dev/shm are writable (and cleaned up afterwards)
+}
+
+
+def test_uid_level_through_the_reward_and_env_var(hostile, monkeypatch):
+    monkeypatch.setenv("GRPOKIT_SANDBOX_ISOLATION", "uid")
+    assert run_python("print(1)").isolation == "uid"
+    names = list(hostile.programs)
+    fn = get_reward_funcs([{"code": {"timeout": 1.5}}])[0]
+    texts = [H.completion(hostile.programs[n]) for n in names] + [H.completion(H.GOOD)]
+    scores = fn(None, texts, verification_info=[{"test_cases": [H.CASE]}] * len(texts))
+    assert dict(zip(names + ["good"], scores)) == H.EXPECTED | UID_HOLES | {"good": 1.0}
+    # the files it wrote to /var/tmp and /dev/shm were removed, its processes killed
+    assert hostile.leftovers() == {}
+
+
+def test_uid_level_without_seccomp(hostile):
+    """Without the filter: the network is open (documented), processes and files are still
+    cleaned up by uid, the caller is still out of reach."""
+    names = [
+        "fork_bomb", "network", "kill_parent", "killpg_parent", "kill_all", "prlimit_parent",
+        "raise_limits", "detached_child", "solves_then_detaches", "write_outside", "gigabytes",
+    ]  # fmt: skip
+    jobs = [(hostile.programs[n], [H.CASE]) for n in names]
+    scores = score_many(jobs, timeout=1.5, isolation="uid", seccomp=False)
+    holes = UID_HOLES | {"network": 1.0}
+    assert dict(zip(names, scores)) == {n: (H.EXPECTED | holes)[n] for n in names}
+    assert hostile.connections() == [hostile.marker.encode()]
+    assert hostile.leftovers() == {}
+
+
+def test_uid_level_detached_child_gone_at_return(hostile):
+    for seccomp in (True, False):
+        r = run_python(hostile.programs["solves_then_detaches"], isolation="uid", seccomp=seccomp)
+        assert r.stdout == "3\n"
+        assert H.marker_pids(hostile.marker) == [] and H.sandbox_procs() == []
+
+
+# ---------------------------------------------------------------- `none`, as a real non-root user
+
+_HELPER = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sbx", sys.argv[1])
+sbx = importlib.util.module_from_spec(spec)
+sys.modules["sbx"] = sbx
+spec.loader.exec_module(sbx)
+job = json.load(sys.stdin)
+info = sbx.sandbox_info()
+out = {"info": info, "scores": {}, "results": {}}
+for name, code in job["programs"].items():
+    out["scores"][name] = sbx.run_tests(code, [job["case"]], timeout=job["timeout"])
+for name in job["detail"]:
+    r = sbx.run_python(job["programs"][name], job["case"]["input"], timeout=job["timeout"])
+    out["results"][name] = [r.returncode, r.killed_reason, r.stdout[-200:], r.stderr[-300:]]
+print(json.dumps(out))
+"""
+
+
+def _traversable(path: Path) -> bool:
+    return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to become non-root")
+def test_none_level_as_a_real_unprivileged_user(hostile):
+    src = Path(sandbox.__file__).resolve()
+    if not _traversable(src.parent):
+        pytest.skip(f"{src} is not readable by other users")
+    uid = sandbox.UID_BASE - 1  # unused by anything else, so leftovers are attributable
+    work = tempfile.mkdtemp(prefix="grpokit-sbx-none-")
+    os.chmod(work, 0o755)
+    os.chown(work, uid, uid)
+    names = [
+        "loop", "fork_bomb", "memory_bomb", "huge_file", "network", "kill_parent",
+        "killpg_parent", "kill_all", "prlimit_parent", "raise_limits", "detached_child",
+        "solves_then_detaches", "gigabytes",
+    ]  # fmt: skip
+    job = {
+        "programs": {n: hostile.programs[n] for n in names} | {"good": H.GOOD},
+        "case": H.CASE,
+        "timeout": 1.5,
+        "detail": ["kill_parent", "kill_all", "network", "gigabytes"],
+    }
+    env = {"PATH": "/usr/bin:/bin", "HOME": work, "GRPOKIT_SANDBOX_TMPDIR": work}
+    try:
+        p = subprocess.run(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+            + [sandbox.PYTHON, "-I", "-c", _HELPER, str(src)],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            cwd=work,
+            env=env,
+            timeout=120,
+        )
+        # the helper (the sandbox's parent) survived every attack and reported
+        assert p.returncode == 0, p.stderr[-2000:]
+        out = json.loads(p.stdout)
+        assert out["info"]["isolation"] == "none" and out["info"]["seccomp"] is True
+        assert out["scores"] == {n: H.EXPECTED[n] for n in names} | {"good": 1.0}
+        res = out["results"]
+        assert res["kill_parent"][0] == 1 and "PermissionError" in res["kill_parent"][3]
+        assert res["kill_all"][0] == 1 and "PermissionError" in res["kill_all"][3]
+        assert "PermissionError" in res["network"][3]
+        assert res["gigabytes"][1] == "output"
+        assert H.marker_pids(hostile.marker) == []
+        assert sandbox._pids_of(uid) == []
+        assert os.listdir(work) == []  # staging directories removed
+        assert hostile.leftovers() == {}
+    finally:
+        sandbox._kill_uid(uid)
+        shutil.rmtree(work, ignore_errors=True)
