@@ -43,7 +43,8 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else shutil.which("python3")
-ISOLATIONS = ("auto", "namespaces", "uid", "none")
+ISOLATIONS = ("auto", "namespaces", "userns", "uid", "none")
+NS_LEVELS = ("namespaces", "userns")
 # Dedicated uids, one per concurrent sandbox (a file lock makes each unique across processes
 # of this machine). Anything running as one of them is treated as sandbox debris and killed.
 UID_BASE = int(os.environ.get("GRPOKIT_SANDBOX_UID_BASE", 0x70000000))
@@ -148,6 +149,14 @@ def run_program():
             os.setgroups([])
             os.setresgid(UID, UID, UID)
             os.setresuid(UID, UID, UID)
+        if A["mode"] == "userns":  # root of its namespace: no capabilities after exec
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+            libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+            for cap in range(64):
+                if libc.prctl(24, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:
+                    fail("PR_CAPBSET_DROP %d: errno %d" % (cap, ctypes.get_errno()))
         if A["seccomp"] == "1":
             seccomp()
         py = A["python"]
@@ -190,13 +199,14 @@ def build_namespace():
                 raise
     for d in filter(None, A["hide"].split(os.pathsep)):
         mount(b"none", d, b"tmpfs", RDONLY | NOSUID | NODEV | NOEXEC, b"size=4k,mode=755")
-    opts = "size=%sm,mode=700,uid=%d,gid=%d" % (A["disk"], UID, UID)
+    owner = max(UID, 0)  # userns: its root is the caller's user
+    opts = "size=%sm,mode=700,uid=%d,gid=%d" % (A["disk"], owner, owner)
     mount(b"none", "/tmp", b"tmpfs", NOSUID | NODEV, opts.encode())
     with open("/tmp/prog.py", "wb") as f:
         f.write(code)
     os.chdir("/tmp")
 
-if A["mode"] == "namespaces":
+if A["mode"] in ("namespaces", "userns"):
     try:
         build_namespace()
     except BaseException as e:
@@ -238,9 +248,9 @@ def _probe(mode: str) -> str | None:
     """None when a trivial program runs correctly under ``mode``; else why it does not."""
     if mode in ("namespaces", "uid") and not _root():
         return "needs root"
-    if mode == "none" and _root():
+    if mode in ("userns", "none") and _root():
         return "refused as root: the program would run as root"
-    if mode == "namespaces" and not _unshare():
+    if mode in NS_LEVELS and not _unshare():
         return "unshare not found"
     code = "print(6 * 7)\nprint(open('/proc/self/status').read())"
     try:
@@ -264,19 +274,19 @@ def resolve_isolation(isolation: str | None = None) -> str:
         if req not in _resolved:
             if req == "auto":
                 why = {}
-                for mode in ("namespaces", "uid", "none"):
+                for mode in ("namespaces", "uid") if _root() else ("userns", "none"):
                     why[mode] = _probe(mode)
                     if why[mode] is None:
                         break
                 else:
                     raise SandboxError(f"no sandbox works here: {why}")
-                if mode != "namespaces":
+                if mode not in NS_LEVELS:
                     log.warning(
-                        "sandbox: isolation %r (namespaces unavailable: %s); network%s NOT "
+                        "sandbox: isolation %r (namespaces unavailable: %s); files%s are NOT "
                         "isolated, see docs/sandbox.md",
                         mode,
-                        why["namespaces"],
-                        "" if _seccomp_on.get(mode) else ", signals, files",
+                        "; ".join(f"{k}: {v}" for k, v in why.items() if v),
+                        "" if _seccomp_on.get(mode) else ", network, signals",
                     )
                 _resolved[req] = mode
             else:
@@ -294,8 +304,8 @@ def sandbox_info(isolation: str | None = None) -> dict:
         "isolation": mode,
         "seccomp": _seccomp_on.get(mode, False),
         "python": PYTHON,
-        "uids": (UID_BASE, UID_BASE + UID_COUNT - 1) if mode != "none" else None,
-        "hidden": _hide_paths() if mode == "namespaces" else [],
+        "uids": (UID_BASE, UID_BASE + UID_COUNT - 1) if mode in ("namespaces", "uid") else None,
+        "hidden": _hide_paths() if mode in NS_LEVELS else [],
     }
 
 
@@ -604,7 +614,7 @@ def _wait_draining(p: subprocess.Popen, limit: float) -> bool:
 
 def _stop(mode: str, p: subprocess.Popen) -> bool:
     """Kill whatever is left of the run and reap the direct child; True if we had to kill."""
-    if mode == "namespaces":
+    if mode in NS_LEVELS:
         # Kill the namespace's init, not unshare: unshare then returns only once the kernel
         # has torn the namespace down, so nothing of the run is left when it has exited.
         if p.poll() is not None:
@@ -698,22 +708,22 @@ def _run(
     seccomp: bool = True,
     hide: tuple[str, ...] = (),
 ) -> Result:
-    if mode == "none" and _root():
-        raise SandboxError("isolation 'none' refused as root: the program would run as root")
+    if mode in ("userns", "none") and _root():
+        raise SandboxError(f"isolation {mode!r} refused as root: the program would run as root")
     stage = tempfile.mkdtemp(prefix="grpokit-sbx-", dir=_stage_root())
     slot = p = None
     t0 = time.monotonic()
     try:
         with open(os.path.join(stage, "prog.py"), "w") as f:
             f.write(code)
-        if mode == "none":
+        if mode in ("userns", "none"):  # RLIMIT_NPROC counts all of the user's tasks
             uid, nproc = -1, _user_tasks() + max_procs
         else:
             slot = _Slot()
             uid, nproc = slot.uid, max_procs
             if mode == "uid":
                 os.chown(stage, uid, uid)
-        home = "/tmp" if mode == "namespaces" else stage
+        home = "/tmp" if mode in NS_LEVELS else stage
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home}
         cpu = cpu_seconds if cpu_seconds is not None else max(1, int(-(-timeout // 1)))
         args = {
@@ -729,11 +739,13 @@ def _run(
             "nofile": 256,
             "seccomp": int(seccomp),
             "disk": disk_mb,
-            "hide": os.pathsep.join(_hide_paths(hide)) if mode == "namespaces" else "",
+            "hide": os.pathsep.join(_hide_paths(hide)) if mode in NS_LEVELS else "",
         }
         cmd = [PYTHON, "-I", "-S", "-c", _LAUNCHER, *(f"{k}={v}" for k, v in args.items())]
-        if mode == "namespaces":
+        if mode in NS_LEVELS:
             ns = ["--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child=SIGKILL"]
+            if mode == "userns":
+                ns = ["--user", "--map-root-user", *ns]
             cmd = [_unshare(), *ns, *cmd]
         t0 = time.monotonic()
         p = subprocess.Popen(
@@ -746,11 +758,11 @@ def _run(
             start_new_session=True,
         )
         out, err, reason = _pump(p, stdin.encode(), t0 + timeout, max_output_bytes)
-        if _stop(mode, p) and mode == "namespaces":
+        if _stop(mode, p) and mode in NS_LEVELS:
             rc = -signal.SIGKILL  # unshare's own status after its child was killed means little
         else:
             rc = p.returncode
-            if mode == "namespaces" and 128 < rc < 128 + 65:
+            if mode in NS_LEVELS and 128 < rc < 128 + 65:
                 rc = 128 - rc  # the namespace's init reports a signal death as 128 + signal
         if rc == SETUP_FAILED and _TAG in err.decode(errors="replace"):
             # could be the program pretending, so only a warning; the probe run catches a

@@ -2,8 +2,8 @@
 
 - ``uid``: what a root process gets without working namespaces (forced with
   ``isolation="uid"`` or ``GRPOKIT_SANDBOX_ISOLATION=uid``);
-- ``none``: what a non-root user gets; run for real from a helper process that this test
-  starts as an unprivileged uid.
+- ``userns`` and ``none``: what a non-root user gets, with and without unprivileged user
+  namespaces; run for real from a helper process that this test starts as an unprivileged uid.
 
 Each runs the basic and the hostile programs of test_sandbox_hostile.py; the expected
 scores include the documented holes (1.0 = the attack got through) so the docs stay true.
@@ -77,7 +77,7 @@ def test_uid_level_detached_child_gone_at_return(hostile):
         assert H.marker_pids(hostile.marker) == [] and H.sandbox_procs() == []
 
 
-# ---------------------------------------------------------------- `none`, as a real non-root user
+# ------------------------------------------------ non-root: `userns` and `none`, as a real user
 
 _HELPER = r"""
 import importlib.util, json, sys
@@ -86,63 +86,83 @@ sbx = importlib.util.module_from_spec(spec)
 sys.modules["sbx"] = sbx
 spec.loader.exec_module(sbx)
 job = json.load(sys.stdin)
-info = sbx.sandbox_info()
-out = {"info": info, "scores": {}, "results": {}}
-for name, code in job["programs"].items():
-    out["scores"][name] = sbx.run_tests(code, [job["case"]], timeout=job["timeout"])
+level = job["isolation"]
+out = {"auto": sbx.resolve_isolation(), "info": sbx.sandbox_info(level), "scores": {}, "results": {}}
+jobs = [(code, [job["case"]]) for code in job["programs"].values()]
+scores = sbx.score_many(jobs, timeout=job["timeout"], isolation=level)
+out["scores"] = dict(zip(job["programs"], scores))
 for name in job["detail"]:
-    r = sbx.run_python(job["programs"][name], job["case"]["input"], timeout=job["timeout"])
-    out["results"][name] = [r.returncode, r.killed_reason, r.stdout[-200:], r.stderr[-300:]]
+    r = sbx.run_python(job["programs"][name], job["case"]["input"], timeout=job["timeout"],
+                       isolation=level)
+    out["results"][name] = [r.returncode, r.killed_reason, r.stdout[-300:], r.stderr[-300:]]
 print(json.dumps(out))
 """
+
+CAPS = "print(''.join(ln for ln in open('/proc/self/status') if ln[:7] in ('CapEff:', 'Seccomp')))"
 
 
 def _traversable(path: Path) -> bool:
     return all(os.stat(p).st_mode & 0o005 == 0o005 for p in [path, *path.parents])
 
 
-@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to become non-root")
-def test_none_level_as_a_real_unprivileged_user(hostile):
+def _as_user(uid: int, job: dict, work: str) -> dict:
     src = Path(sandbox.__file__).resolve()
-    if not _traversable(src.parent):
-        pytest.skip(f"{src} is not readable by other users")
+    env = {"PATH": "/usr/bin:/bin", "HOME": work, "GRPOKIT_SANDBOX_TMPDIR": work}
+    p = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        + [sandbox.PYTHON, "-I", "-c", _HELPER, str(src)],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        cwd=work,
+        env=env,
+        timeout=120,
+    )
+    # the helper (the sandbox's parent) survived every attack and reported
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)
+
+
+NONE_PROGRAMS = [
+    "loop", "fork_bomb", "memory_bomb", "huge_file", "network", "kill_parent", "killpg_parent",
+    "kill_all", "prlimit_parent", "raise_limits", "detached_child", "solves_then_detaches",
+    "gigabytes",
+]  # fmt: skip
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to become non-root")
+@pytest.mark.parametrize("level", ["userns", "none"])
+def test_non_root_levels_as_a_real_unprivileged_user(hostile, level):
+    """`userns` (what `auto` picks for a non-root user where unprivileged user namespaces
+    work, as here) runs the whole suite like `namespaces`; `none` the attacks it is
+    documented to stop (with the filter)."""
+    if not _traversable(Path(sandbox.__file__).resolve().parent):
+        pytest.skip("grpokit's source is not readable by other users")
     uid = sandbox.UID_BASE - 1  # unused by anything else, so leftovers are attributable
-    work = tempfile.mkdtemp(prefix="grpokit-sbx-none-")
+    work = tempfile.mkdtemp(prefix="grpokit-sbx-user-")
     os.chmod(work, 0o755)
     os.chown(work, uid, uid)
-    names = [
-        "loop", "fork_bomb", "memory_bomb", "huge_file", "network", "kill_parent",
-        "killpg_parent", "kill_all", "prlimit_parent", "raise_limits", "detached_child",
-        "solves_then_detaches", "gigabytes",
-    ]  # fmt: skip
+    names = list(hostile.programs) if level == "userns" else NONE_PROGRAMS
     job = {
-        "programs": {n: hostile.programs[n] for n in names} | {"good": H.GOOD},
+        "isolation": level,
+        "programs": {n: hostile.programs[n] for n in names} | {"good": H.GOOD, "caps": CAPS},
         "case": H.CASE,
         "timeout": 1.5,
-        "detail": ["kill_parent", "kill_all", "network", "gigabytes"],
+        "detail": ["kill_parent", "kill_all", "network", "gigabytes", "caps"],
     }
-    env = {"PATH": "/usr/bin:/bin", "HOME": work, "GRPOKIT_SANDBOX_TMPDIR": work}
     try:
-        p = subprocess.run(
-            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-            + [sandbox.PYTHON, "-I", "-c", _HELPER, str(src)],
-            input=json.dumps(job),
-            capture_output=True,
-            text=True,
-            cwd=work,
-            env=env,
-            timeout=120,
-        )
-        # the helper (the sandbox's parent) survived every attack and reported
-        assert p.returncode == 0, p.stderr[-2000:]
-        out = json.loads(p.stdout)
-        assert out["info"]["isolation"] == "none" and out["info"]["seccomp"] is True
-        assert out["scores"] == {n: H.EXPECTED[n] for n in names} | {"good": 1.0}
+        out = _as_user(uid, job, work)
+        assert out["auto"] == "userns"
+        assert out["info"]["isolation"] == level and out["info"]["seccomp"] is True
+        assert out["scores"] == {n: H.EXPECTED[n] for n in names} | {"good": 1.0, "caps": 0.0}
         res = out["results"]
         assert res["kill_parent"][0] == 1 and "PermissionError" in res["kill_parent"][3]
         assert res["kill_all"][0] == 1 and "PermissionError" in res["kill_all"][3]
         assert "PermissionError" in res["network"][3]
         assert res["gigabytes"][1] == "output"
+        caps = dict(ln.split(":", 1) for ln in res["caps"][2].splitlines() if ":" in ln)
+        assert caps["CapEff"].strip() == "0000000000000000"  # root of its namespace only
+        assert caps["Seccomp"].strip() == "2"
         assert H.marker_pids(hostile.marker) == []
         assert sandbox._pids_of(uid) == []
         assert os.listdir(work) == []  # staging directories removed
