@@ -1,6 +1,7 @@
 """Sandbox throughput: completions scored per second through the `code` reward, for a typical
 short program (a correct solution to a problem with 3 stdin/stdout test cases, i.e. three
-sandbox runs per completion), sequentially (1 worker) and with the pool. Not a test.
+sandbox runs per completion), sequentially (1 worker) and with the pool (the reward's default,
+one worker per CPU, and twice that). Not a test.
 
     python bench/sandbox_speed.py [N] [isolation ...]
 
@@ -52,7 +53,7 @@ def main() -> None:
         info = sandbox_info(level)
         run_python("print(1)", isolation=level)  # warm caches
         print(f"isolation={level} seccomp={info['seccomp']}")
-        for workers in dict.fromkeys([1, default_workers()]):
+        for workers in dict.fromkeys([1, default_workers(), 2 * default_workers()]):
             per_s, ms_run = measure(n, level, workers)
             print(
                 f"  workers={workers}: {per_s:6.1f} completions/s  "

@@ -1,6 +1,6 @@
 """Run untrusted Python (model-written code) with hard limits. See docs/sandbox.md.
 
-Three isolation levels, chosen by ``isolation=`` or ``GRPOKIT_SANDBOX_ISOLATION``
+Four isolation levels, chosen by ``isolation=`` or ``GRPOKIT_SANDBOX_ISOLATION``
 (``auto`` picks the strongest that works on this machine, after one probe run):
 
 - ``namespaces`` (root + ``unshare``): fresh net, pid, mount, ipc and uts namespaces. Inside,
@@ -9,18 +9,23 @@ Three isolation levels, chosen by ``isolation=`` or ``GRPOKIT_SANDBOX_ISOLATION`
   the sandbox, and /tmp is a small private tmpfs that is the program's working directory. The
   program runs as a dedicated uid; when it ends, the namespace's init ends and the kernel kills
   everything the program left running.
+- ``userns`` (not root, unprivileged user namespaces allowed): the same namespaces and mounts
+  inside a new user namespace; the program is that namespace's root with every capability
+  dropped, i.e. the caller's user outside, which cannot see or reach the caller's processes.
 - ``uid`` (root, no namespaces): the dedicated uid, killed by uid and its files in the
   temporary directories removed after each run. Network, and files readable by everyone,
   are NOT isolated.
-- ``none`` (not root): rlimits and the seccomp filter only; the program runs as the caller's
-  user. Refused as root.
+- ``none`` (not root, no user namespaces): rlimits and the seccomp filter only; the program
+  runs as the caller's user and can read and write the caller's files. Not a security
+  boundary.
 
-In every level: rlimits (CPU, address space, file size, processes, core=0, open files), a
-seccomp filter (x86_64/aarch64: no signals to other processes, no sockets, no new session or
-process group, no namespaces, no ptrace, no SysV/POSIX IPC, no io_uring), a cleaned
-environment, a fresh staging directory removed afterwards, a wall-clock limit and an output
-cap enforced while reading (the parent never holds more than ``max_output_bytes`` + 64 KiB
-per stream). When ``run_python`` returns, no process of the run is left.
+``userns`` and ``none`` are refused as root. In every level: rlimits (CPU, address space,
+file size, processes, core=0, open files), a seccomp filter (x86_64/aarch64: no signals to
+other processes, no sockets, no new session or process group, no namespaces, no ptrace, no
+SysV/POSIX IPC, no io_uring), a cleaned environment, a fresh staging directory removed
+afterwards, a wall-clock limit and an output cap enforced while reading (the parent never holds
+more than ``max_output_bytes`` + 64 KiB per stream). When ``run_python`` returns, no process of
+the run is left (in ``none``: with the filter active).
 """
 
 from __future__ import annotations
@@ -233,6 +238,7 @@ run_program()
 _lock = threading.Lock()
 _resolved: dict[str, str] = {}
 _seccomp_on: dict[str, bool] = {}
+_warned: set[str] = set()
 
 
 def _root() -> bool:
@@ -327,7 +333,9 @@ def _hide_paths(extra: tuple[str, ...] = ()) -> list[str]:
         if c == "/" or os.pathsep in c or not os.path.isdir(c):
             continue
         if any(k == c or k.startswith(c + "/") for k in keep):
-            log.warning("sandbox: %s holds the interpreter; it stays visible", c)
+            if c not in _warned:
+                _warned.add(c)
+                log.warning("sandbox: %s holds the interpreter; it stays visible", c)
             continue
         if c == "/tmp" or c.startswith("/tmp/") or c == "/proc" or c.startswith("/proc/"):
             continue  # /tmp gets the sandbox's own tmpfs anyway
