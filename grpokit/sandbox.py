@@ -5,8 +5,8 @@ Four isolation levels, chosen by ``isolation=`` or ``GRPOKIT_SANDBOX_ISOLATION``
 
 - ``namespaces`` (root + ``unshare``): fresh net, pid, mount, ipc and uts namespaces. Inside,
   every mount is read-only, the user's directories (/home, /root, /work, the caller's cwd and
-  home, /run, /var/tmp, /dev/shm, ...) are covered by empty read-only tmpfs, /proc shows only
-  the sandbox, and /tmp is a small private tmpfs that is the program's working directory. The
+  home, /run, /var/tmp, ...) are covered by empty read-only tmpfs, /proc shows only the
+  sandbox, and /tmp (its working directory) and /dev/shm are small private tmpfs. The
   program runs as a dedicated uid; when it ends, the namespace's init ends and the kernel kills
   everything the program left running.
 - ``userns`` (not root, unprivileged user namespaces allowed): the same namespaces and mounts
@@ -58,7 +58,7 @@ SETUP_FAILED = 125  # launcher exit status when it could not build the sandbox
 _TAG = "grpokit-sandbox: setup failed"
 HIDE_DEFAULT = (
     "/home", "/root", "/work", "/mnt", "/media", "/srv", "/opt", "/run", "/var/tmp", "/var/log",
-    "/var/mail", "/var/spool", "/var/backups", "/dev/shm", "/dev/mqueue",
+    "/var/mail", "/var/spool", "/var/backups", "/dev/mqueue",
 )  # fmt: skip
 
 
@@ -207,6 +207,9 @@ def build_namespace():
     owner = max(UID, 0)  # userns: its root is the caller's user
     opts = "size=%sm,mode=700,uid=%d,gid=%d" % (A["disk"], owner, owner)
     mount(b"none", "/tmp", b"tmpfs", NOSUID | NODEV, opts.encode())
+    if os.path.isdir("/dev/shm"):  # private, for multiprocessing's semaphores
+        opts = "size=%sm,mode=1777" % A["disk"]
+        mount(b"none", "/dev/shm", b"tmpfs", NOSUID | NODEV | NOEXEC, opts.encode())
     with open("/tmp/prog.py", "wb") as f:
         f.write(code)
     os.chdir("/tmp")

@@ -108,10 +108,12 @@ def test_threads_fork_and_subprocess_still_work():
         "pid = os.fork()\n"
         "if pid == 0: os._exit(7)\n"
         "print('child', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
-        "print(subprocess.run([sys.executable, '-c', 'print(5)'], capture_output=True).stdout)"
+        "print(subprocess.run([sys.executable, '-c', 'print(5)'], capture_output=True).stdout)\n"
+        "import multiprocessing as mp\n"
+        "with mp.Pool(2) as pool: print(pool.map(abs, [-1, -2]))"
     )
     r = _run(code)
-    assert r.stdout.split("\n")[:3] == ["thread", "child 7", "b'5\\n'"], r.stderr
+    assert r.stdout.split("\n")[:4] == ["thread", "child 7", "b'5\\n'", "[1, 2]"], r.stderr
 
 
 def test_memory_bomb():

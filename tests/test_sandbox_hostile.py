@@ -54,7 +54,7 @@ def hostile_programs(marker: str, port: int) -> dict[str, str]:
     P["see_processes"] = (
         "import os\nprint(3 if sum(p.isdigit() for p in os.listdir('/proc')) > 10 else 0)\n"
     )
-    # /tmp is the program's own working directory in `namespaces`; the others are outside
+    # /tmp (its cwd) and /dev/shm are the program's own tmpfs in the namespace levels
     P["write_outside"] = textwrap.dedent(f"""\
         import os
         ok = []
@@ -65,7 +65,7 @@ def hostile_programs(marker: str, port: int) -> dict[str, str]:
                 ok.append(d)
             except OSError:
                 pass
-        print(3 if [d for d in ok if d != '/tmp'] else 0)
+        print(3 if [d for d in ok if d not in ('/tmp', '/dev/shm')] else 0)
         """)
     P["network"] = textwrap.dedent(f"""\
         import socket
