@@ -85,3 +85,27 @@ def make_tiny_model(
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def tiny_run_config(model_dir: str | Path, output_dir: str | Path, **overrides):
+    """A validated GRPOConfig for a seconds-long run of the tiny model: the arithmetic task
+    (1-digit, 32 train / 4 test prompts), G=2, 4 completions a step of 4 tokens, 2 steps, no
+    checkpoints and no evaluation unless ``overrides`` say otherwise."""
+    from grpokit.config import build_config
+
+    values = dict(
+        task="arithmetic",
+        task_params={"digits": 1, "train_size": 32, "test_size": 4},
+        num_generations=2,
+        per_device_train_batch_size=4,
+        max_completion_length=4,
+        learning_rate=1e-3,
+        max_steps=2,
+        save_steps=0,
+        max_eval_samples=0,
+        seed=0,
+        model_name_or_path=str(model_dir),
+        output_dir=str(output_dir),
+    )
+    values.update(overrides)
+    return build_config(values)

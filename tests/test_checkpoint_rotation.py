@@ -4,7 +4,7 @@ half-written one (a leftover temporary directory or a directory without its stat
 import json
 
 from grpokit.checkpoint import latest_checkpoint, list_checkpoints
-from grpokit.config import build_config
+from grpokit.testing import tiny_run_config
 
 
 def test_rotation_keeps_the_newest_and_ignores_partial_ones(tmp_path, tiny_model_dir):
@@ -15,23 +15,7 @@ def test_rotation_keeps_the_newest_and_ignores_partial_ones(tmp_path, tiny_model
     (out / ".checkpoint-9.tmp").mkdir(parents=True)
     (out / "checkpoint-8").mkdir()
     (out / "checkpoint-8" / "model.safetensors").write_bytes(b"half")
-    cfg = build_config(
-        dict(
-            task="arithmetic",
-            task_params={"digits": 1, "train_size": 32, "test_size": 4},
-            num_generations=2,
-            per_device_train_batch_size=4,
-            max_completion_length=4,
-            learning_rate=1e-3,
-            max_steps=4,
-            save_steps=1,
-            save_total_limit=2,
-            max_eval_samples=0,
-            seed=0,
-            model_name_or_path=tiny_model_dir,
-            output_dir=str(out),
-        )
-    )
+    cfg = tiny_run_config(tiny_model_dir, out, max_steps=4, save_steps=1, save_total_limit=2)
     GRPOTrainer(cfg).train()
     assert [p.name for p in list_checkpoints(out)] == ["checkpoint-3", "checkpoint-4"]
     assert latest_checkpoint(out).name == "checkpoint-4"

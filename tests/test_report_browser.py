@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from grpokit.config import build_config  # noqa: E402
+from grpokit.testing import tiny_run_config  # noqa: E402
 
 # Runs in the page after load: decodes every plot onto a canvas and counts non-white pixels,
 # and reads the completions tables; the result is appended to the DOM for --dump-dom.
@@ -77,24 +77,18 @@ def run_dir(tiny_model_dir, tmp_path_factory):
     from grpokit.trainer import GRPOTrainer
 
     out = tmp_path_factory.mktemp("browser") / "run"
-    cfg = build_config(
-        dict(
-            task="arithmetic",
-            task_params={"digits": 1, "train_size": 64, "test_size": 4},
-            num_generations=4,
-            per_device_train_batch_size=8,
-            max_completion_length=6,
-            learning_rate=1e-3,
-            max_steps=6,
-            save_steps=0,
-            seed=0,
-            model_name_or_path=tiny_model_dir,
-            output_dir=str(out),
-            max_eval_samples=4,
-            per_device_eval_batch_size=4,
-            log_completions=True,
-            report_steps=2,
-        )
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        out,
+        task_params={"digits": 1, "train_size": 64, "test_size": 4},
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=6,
+        max_steps=6,
+        max_eval_samples=4,
+        per_device_eval_batch_size=4,
+        log_completions=True,
+        report_steps=2,
     )
     versions = []
     real = report_mod.write_report

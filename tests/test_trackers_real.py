@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.config import build_config
+from grpokit.testing import tiny_run_config
 
 TRACKERS = ["tensorboard", "wandb", "mlflow", "trackio"]
 
@@ -31,24 +31,7 @@ def run(tiny_model_dir, tmp_path_factory):
     os.environ.pop("TRACKIO_DIR", None)
     from grpokit.trainer import GRPOTrainer
 
-    cfg = build_config(
-        dict(
-            task="arithmetic",
-            task_params={"digits": 1, "train_size": 32, "test_size": 4},
-            num_generations=2,
-            per_device_train_batch_size=4,
-            max_completion_length=4,
-            learning_rate=1e-3,
-            max_steps=3,
-            save_steps=0,
-            seed=0,
-            model_name_or_path=tiny_model_dir,
-            output_dir=str(out),
-            max_eval_samples=0,
-            log_completions=True,
-            report_to=have,
-        )
-    )
+    cfg = tiny_run_config(tiny_model_dir, out, max_steps=3, log_completions=True, report_to=have)
     try:
         GRPOTrainer(cfg).train()
     finally:
