@@ -387,6 +387,23 @@ def _pids_of(uid: int) -> list[int]:
     return out
 
 
+def sandbox_processes() -> list[int]:
+    """Live (not zombie) processes running as one of the sandbox's dedicated uids: empty
+    whenever no ``run_python`` is in progress."""
+    lo, hi = UID_BASE, UID_BASE + UID_COUNT
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/status") as f:
+                    st = dict(ln.split(":", 1) for ln in f if ":" in ln)
+            except OSError:
+                continue
+            if st["State"].split()[0] != "Z" and lo <= int(st["Uid"].split()[0]) < hi:
+                out.append(int(d))
+    return out
+
+
 def _group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes in process group ``pgid``."""
     out = []

@@ -611,6 +611,7 @@ class GRPOTrainer:
 
     def _status(self, state: str, **extra: Any) -> None:
         """status.json: what the run is doing, for the report (a running run's page reloads)."""
+        self._state = state
         if not dist.is_main():
             return
         self.out.mkdir(parents=True, exist_ok=True)
@@ -632,8 +633,8 @@ class GRPOTrainer:
         try:
             from grpokit.report import write_report
 
-            if self._status_running():
-                self._status("running")
+            if getattr(self, "_state", None) == "running":
+                self._status("running")  # the page shows the step it was written at
             return write_report(self.out)
         except ImportError as e:
             if not getattr(self, "_report_warned", False):
@@ -642,12 +643,6 @@ class GRPOTrainer:
         except Exception as e:  # noqa: BLE001 - the run matters more than its report
             log.warning("report.html not written: %s: %s", type(e).__name__, e)
         return None
-
-    def _status_running(self) -> bool:
-        try:
-            return json.loads((self.out / "status.json").read_text()).get("state") == "running"
-        except (OSError, ValueError):
-            return False
 
     def _evaluate(self, tag: str, verbose: bool = True) -> dict[str, Any]:
         c = self.cfg

@@ -5,34 +5,19 @@ import json
 import sys
 import types
 
-from grpokit.config import build_config
-
-BASE = dict(
-    task="arithmetic",
-    task_params={"digits": 1, "train_size": 32, "test_size": 4},
-    num_generations=2,
-    per_device_train_batch_size=4,
-    max_completion_length=4,
-    learning_rate=1e-3,
-    max_steps=2,
-    save_steps=0,
-    seed=0,
-)
+from grpokit.testing import tiny_run_config
 
 
 def test_eval_steps_logs_eval_rows(tmp_path, tiny_model_dir):
     from grpokit.trainer import GRPOTrainer
 
-    cfg = build_config(
-        {
-            **BASE,
-            "model_name_or_path": tiny_model_dir,
-            "output_dir": str(tmp_path / "r"),
-            "max_steps": 3,
-            "eval_steps": 1,
-            "max_eval_samples": 2,
-            "per_device_eval_batch_size": 2,
-        }
+    cfg = tiny_run_config(
+        tiny_model_dir,
+        tmp_path / "r",
+        max_steps=3,
+        eval_steps=1,
+        max_eval_samples=2,
+        per_device_eval_batch_size=2,
     )
     GRPOTrainer(cfg).train()
     rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
@@ -58,15 +43,7 @@ def test_wandb_tracker_gets_the_metrics_rows(tmp_path, tiny_model_dir, monkeypat
     monkeypatch.setitem(sys.modules, "wandb", fake)
     from grpokit.trainer import GRPOTrainer
 
-    cfg = build_config(
-        {
-            **BASE,
-            "model_name_or_path": tiny_model_dir,
-            "output_dir": str(tmp_path / "w"),
-            "max_eval_samples": 0,
-            "report_to": "wandb",
-        }
-    )
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "w", report_to="wandb")
     GRPOTrainer(cfg).train()
     rows = [json.loads(x) for x in (tmp_path / "w" / "metrics.jsonl").read_text().splitlines()]
     assert len(calls["init"]) == 1 and calls["finish"] == 1

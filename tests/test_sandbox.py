@@ -13,6 +13,7 @@ import pytest
 from grpokit import sandbox
 from grpokit.rewards import get_reward_funcs
 from grpokit.sandbox import SandboxError, resolve_isolation, run_python, score_many
+from grpokit.sandbox import sandbox_processes as sandbox_procs
 
 CASES = [{"input": "1 2\n", "output": "3"}, {"input": "5 7\n", "output": "12"}]
 INFO = {"language": "python", "test_cases": CASES}
@@ -22,22 +23,6 @@ ROOT = os.geteuid() == 0
 def _run(code, **kw):
     kw.setdefault("timeout", 2)
     return run_python(code, **kw)
-
-
-def sandbox_procs():
-    """Live processes running as one of the sandbox's dedicated uids."""
-    lo, hi = sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_COUNT
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/status") as f:
-                    st = dict(ln.split(":", 1) for ln in f if ":" in ln)
-            except OSError:
-                continue
-            if st["State"].split()[0] != "Z" and lo <= int(st["Uid"].split()[0]) < hi:
-                out.append(int(p))
-    return out
 
 
 def test_correct_solution_through_reward():

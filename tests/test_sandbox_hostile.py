@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from grpokit import sandbox
 from grpokit.rewards import get_reward_funcs
 from grpokit.sandbox import run_python, score_many
+from grpokit.sandbox import sandbox_processes as sandbox_procs
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT_FILE = str(REPO / "pyproject.toml")
@@ -134,22 +134,6 @@ def marker_pids(marker: str) -> list[int]:
 def marker_files(marker: str) -> list[str]:
     dirs = ["/tmp", "/var/tmp", "/dev/shm", str(REPO), HOME, "/", tempfile.gettempdir()]
     return sorted({f for d in dirs for f in glob.glob(os.path.join(d, marker + "*"))})
-
-
-def sandbox_procs() -> list[int]:
-    """Live processes running as one of the sandbox's dedicated uids."""
-    lo, hi = sandbox.UID_BASE, sandbox.UID_BASE + sandbox.UID_COUNT
-    out = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/status") as f:
-                    st = dict(ln.split(":", 1) for ln in f if ":" in ln)
-            except OSError:
-                continue
-            if st["State"].split()[0] != "Z" and lo <= int(st["Uid"].split()[0]) < hi:
-                out.append(int(p))
-    return out
 
 
 class Hostile:
