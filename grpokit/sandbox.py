@@ -4,8 +4,10 @@ Four isolation levels, chosen by ``isolation=`` or ``GRPOKIT_SANDBOX_ISOLATION``
 (``auto`` picks the strongest that works on this machine, after one probe run):
 
 - ``namespaces`` (root + ``unshare``): fresh net, pid, mount, ipc and uts namespaces. Inside,
-  every mount is read-only, the user's directories (/home, /root, /work, the caller's cwd and
-  home, /run, /var/tmp, ...) are covered by empty read-only tmpfs, /proc shows only the
+  every mount is read-only, every top-level directory but the system ones (/usr, /etc, /lib,
+  /bin, /dev, /sys, ...) is covered by an empty read-only tmpfs (so /home, /root, /var, /srv and
+  a project anywhere outside the system directories are hidden; also the caller's cwd and
+  home, wherever they are), /proc shows only the
   sandbox, and /tmp (its working directory) and /dev/shm are small private tmpfs. The
   program runs as a dedicated uid; when it ends, the namespace's init ends and the kernel kills
   everything the program left running.
@@ -56,10 +58,14 @@ UID_BASE = int(os.environ.get("GRPOKIT_SANDBOX_UID_BASE", 0x70000000))
 UID_COUNT = 256
 SETUP_FAILED = 125  # launcher exit status when it could not build the sandbox
 _TAG = "grpokit-sandbox: setup failed"
-HIDE_DEFAULT = (
-    "/home", "/root", "/work", "/mnt", "/media", "/srv", "/opt", "/run", "/var/tmp", "/var/log",
-    "/var/mail", "/var/spool", "/var/backups", "/dev/mqueue",
+# In the namespace levels, every top-level directory but these is covered by an empty tmpfs
+# (an allow-list: a project checked out in /check, /data or /srv is hidden as surely as one
+# in /home). /tmp gets the sandbox's own tmpfs; the interpreter's prefix always stays.
+SYSTEM_DIRS = frozenset(
+    ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev", "/proc",
+     "/sys", "/tmp")
 )  # fmt: skip
+HIDE_ALWAYS = ("/dev/mqueue",)
 
 
 class SandboxError(RuntimeError):
@@ -329,7 +335,9 @@ def _prefixes() -> list[str]:
 
 def _hide_paths(extra: tuple[str, ...] = ()) -> list[str]:
     env = tuple(p for p in os.environ.get("GRPOKIT_SANDBOX_HIDE", "").split(os.pathsep) if p)
-    cands = [*HIDE_DEFAULT, os.path.expanduser("~"), os.getcwd(), *env, *extra]
+    top = [os.path.join("/", d) for d in _listdir("/")]
+    top = [d for d in top if d not in SYSTEM_DIRS and os.path.realpath(d) not in SYSTEM_DIRS]
+    cands = [*top, *HIDE_ALWAYS, os.path.expanduser("~"), os.getcwd(), *env, *extra]
     keep = _prefixes()
     out: list[str] = []
     for c in sorted({os.path.realpath(c) for c in cands if os.path.isabs(c)}):
@@ -345,6 +353,13 @@ def _hide_paths(extra: tuple[str, ...] = ()) -> list[str]:
         if not any(c.startswith(o + "/") for o in out):
             out.append(c)
     return out
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _stage_root() -> str:

@@ -129,9 +129,35 @@ def test_gigabytes_of_output_are_cut_while_running():
     assert grown_kb < 100_000  # never buffered the gigabytes in this process
 
 
-def test_no_user_files():
-    r = _run("print(open('/work/main/pyproject.toml').read())")
-    assert "grpokit" not in r.stdout
+def test_no_user_files(tmp_path):
+    """Hidden by an allow-list, not a list of usual places: this checkout (wherever CI put
+    it), and a world-readable directory at a top-level path nobody told the sandbox about."""
+    project = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml"
+    )
+    paths = [project]
+    made = None
+    if ROOT:
+        made = f"/grpokit-sbx-test-{os.getpid()}"
+        os.makedirs(made, mode=0o755)
+        with open(f"{made}/secret", "w") as f:
+            f.write("grpokit secret")
+        os.chmod(f"{made}/secret", 0o644)
+        paths.append(f"{made}/secret")
+    try:
+        for path in paths:
+            assert "grpokit" in open(path).read()  # readable by this process...
+            r = _run(f"print(open({path!r}).read())")
+            assert "grpokit" not in r.stdout and "FileNotFoundError" in r.stderr, path
+        if made:
+            assert made in sandbox.sandbox_info()["hidden"]
+            r = _run("import os\nprint(sorted(os.listdir('/')))\nprint(os.listdir('/var'))")
+            assert r.returncode == 0, r.stderr
+    finally:
+        if made:
+            import shutil
+
+            shutil.rmtree(made)
 
 
 def test_no_network():
