@@ -122,6 +122,7 @@ class GRPOConfig:
     top_k: int | None = None
     repetition_penalty: float = 1.0
     generation_loop: str = "grpokit"  # grpokit's decode loop, or "hf" (transformers' generate)
+    fused_logprobs: bool = True  # output layer + log-softmax by token chunks (see trainer)
     bf16_sampling_copy: bool = True  # with bf16 (full fine-tuning): sample from a bf16 copy
 
     # GRPO objective

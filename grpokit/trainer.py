@@ -22,7 +22,13 @@ import torch
 import yaml
 
 from grpokit import distributed as dist
-from grpokit.algo import entropy_from_logits, group_advantages, policy_loss, selective_log_softmax
+from grpokit.algo import (
+    entropy_from_logits,
+    group_advantages,
+    linear_logprobs,
+    policy_loss,
+    selective_log_softmax,
+)
 from grpokit.algo.advantages import group_reward_stats
 from grpokit.checkpoint import (
     fault_point,
@@ -254,39 +260,82 @@ class GRPOTrainer:
         return path
 
     # ------------------------------------------------------------------ log-probs
-    def completion_logps(self, model, ro: Rollout, rows: slice, with_entropy: bool = False):
+    def completion_logps(self, model, ro: Rollout, rows, with_entropy: bool = False):
         """(n, C) log-probs of the completion tokens of ``rows`` (and their entropies).
 
-        Logits are divided by the sampling temperature, so these are the log-probs of the
-        distribution the tokens were sampled from.
+        ``rows`` is a slice or an index tensor. Logits are divided by the sampling
+        temperature, so these are the log-probs of the distribution the tokens were sampled
+        from. Columns that are padding in every row of ``rows`` are not computed (prompt
+        columns on the left, completion columns after the longest completion); positions
+        past a row's completion are returned as 0. With the fused head (``fused_logprobs``),
+        the output layer, log-softmax and entropy run token chunk by token chunk over the
+        completion tokens only, never holding the (n, C, V) logits.
         """
         p_ids, p_mask = ro.prompt_ids[rows], ro.prompt_mask[rows]
         c_ids, c_mask = ro.completion_ids[rows], ro.completion_mask[rows]
-        ids = torch.cat([p_ids, c_ids], dim=1)  # (n, P+C)
+        n, C = c_ids.shape
+        P = p_ids.shape[1]
+        pk = max(1, int(p_mask.sum(-1).max()))  # prompts are left-padded
+        ck = max(1, int(c_mask.sum(-1).max()))  # completions are right-padded
+        p_ids, p_mask = p_ids[:, P - pk :], p_mask[:, P - pk :]
+        c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
+        ids = torch.cat([p_ids, c_ids], dim=1)  # (n, pk+ck)
         attn = torch.cat([p_mask, c_mask], dim=1)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
-        C = c_ids.shape[1]
+        head = _fused_head(model) if self.cfg.fused_logprobs else None
+        if head is None:
+            with autocast(ids.device.type, self.amp_dtype):
+                out = model(
+                    input_ids=ids,
+                    attention_mask=attn,
+                    position_ids=pos,
+                    logits_to_keep=ck + 1,
+                    use_cache=False,
+                )
+            logits = out.logits[:, :-1] / self.cfg.temperature  # (n, ck, V)
+            logp = selective_log_softmax(logits, c_ids)
+            ent = entropy_from_logits(logits.detach()) if with_entropy else None
+            return _pad_cols(logp, C), (None if ent is None else _pad_cols(ent, C))
+        decoder, lm_head = head
         with autocast(ids.device.type, self.amp_dtype):
-            out = model(
-                input_ids=ids,
-                attention_mask=attn,
-                position_ids=pos,
-                logits_to_keep=C + 1,
-                use_cache=False,
-            )
-        logits = out.logits[:, :-1] / self.cfg.temperature  # (n, C, V)
-        logp = selective_log_softmax(logits, c_ids)
-        ent = entropy_from_logits(logits.detach()) if with_entropy else None
+            hs = decoder(
+                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
+            ).last_hidden_state  # (n, pk+ck, H)
+        sel = c_mask.bool()
+        h = hs[:, pk - 1 : pk + ck - 1][sel]  # (tokens, H): the positions predicting c_ids
+        lp, ent = linear_logprobs(
+            h,
+            lm_head.weight,
+            c_ids[sel],
+            bias=lm_head.bias,
+            temperature=self.cfg.temperature,
+            compute_dtype=self.amp_dtype,
+            with_entropy=with_entropy,
+        )
+        flat = torch.nonzero(torch.nn.functional.pad(sel, (0, C - ck)).reshape(-1)).squeeze(1)
+        logp = lp.new_zeros(n * C).index_put((flat,), lp).view(n, C)
+        if ent is not None:
+            ent = ent.new_zeros(n * C).index_put((flat,), ent).view(n, C)
         return logp, ent
+
+    def _micro_batches(self, ro: Rollout, keep_order: bool = False) -> list[torch.Tensor]:
+        """Row indices of each micro-batch. Rows are grouped by total length (longest
+        first) so each micro-batch pads to its own longest sequence; the loss sums are the
+        same in any grouping except ``bnpo``'s per-micro-batch mean (``keep_order``)."""
+        N, mb = ro.completion_ids.shape[0], self.cfg.per_device_train_batch_size
+        if keep_order:
+            order = torch.arange(N)
+        else:
+            total = ro.prompt_mask.sum(-1) + ro.completion_mask.sum(-1)
+            order = torch.argsort(total, descending=True, stable=True)
+        return [order[s : s + mb] for s in range(0, N, mb)]
 
     @torch.no_grad()
     def _logps_no_grad(self, model, ro: Rollout) -> torch.Tensor:
-        mb = self.cfg.per_device_train_batch_size
-        parts = [
-            self.completion_logps(model, ro, slice(s, s + mb))[0]
-            for s in range(0, ro.completion_ids.shape[0], mb)
-        ]
-        return torch.cat(parts)
+        out = torch.zeros(ro.completion_ids.shape, dtype=torch.float32)
+        for idx in self._micro_batches(ro):
+            out[idx] = self.completion_logps(model, ro, idx)[0]
+        return out
 
     def _ref_logps(self, ro: Rollout) -> torch.Tensor:
         if self.ref_model is not None:
@@ -395,8 +444,7 @@ class GRPOTrainer:
         acc: dict[str, float] = {}
         loss_total, tok_total = 0.0, 0.0
         finite = True
-        for s in range(0, N, mb):
-            sl = slice(s, s + mb)
+        for sl in self._micro_batches(b.rollout, keep_order=c.loss_type == "bnpo"):
             logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
             loss, m = policy_loss(
                 logp,
@@ -700,6 +748,31 @@ class GRPOTrainer:
     def _restore_signal_handlers(self) -> None:
         for s, h in getattr(self, "_old_handlers", {}).items():
             signal.signal(s, h)
+
+
+# Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
+# scaling), so the fused head computes the same log-probs as the model's own forward.
+FUSED_HEAD_MODEL_TYPES = frozenset(
+    ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2",
+     "smollm3", "gemma", "gemma3_text")
+)  # fmt: skip
+
+
+def _fused_head(model):
+    """(decoder, lm_head) when the fused head applies to ``model``, else None."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in FUSED_HEAD_MODEL_TYPES:
+        return None
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+        return None
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped lm_head
+        return None
+    return model.get_decoder(), head
+
+
+def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.shape[1] < width else x
 
 
 @torch.no_grad()

@@ -172,3 +172,58 @@ def test_min_new_tokens_masks_eos(tiny_model_dir):
         model, ids, mask, max_new_tokens=6, eos_ids=eos, pad_id=-1, greedy=True, min_new_tokens=3
     )
     assert out.shape[1] >= 3 and not torch.isin(out[:, :3], torch.tensor(eos)).any()
+
+
+def test_shared_prompt_prefill_and_dropping_ended_rows(tiny_model_dir):
+    """num_samples runs each prompt once and copies its cache; rows that end leave the
+    batch. Greedy output is the same as generate on the repeated prompts, in the fp32
+    static-cache path and in the autocast (dynamic cache) path."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = _prompts(tok)
+    torch.manual_seed(1)
+    with torch.no_grad():  # the tiny model's greedy choice is one token; make rows differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    rep_ids, rep_mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)
+    with torch.no_grad():
+        ref = model.generate(
+            input_ids=rep_ids,
+            attention_mask=rep_mask,
+            max_new_tokens=10,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=[tok.eos_token_id],
+        )[:, ids.shape[1] :]
+    # an "EOS" that ends some rows early and not others, so the batch shrinks mid-way
+    cands = sorted({int(x) for x in ref.flatten()} - {tok.eos_token_id, tok.pad_token_id})
+    counts = {c: sum(c in ref[r].tolist() for r in range(6)) for c in cands}
+    stops = [min((c for c in cands if 0 < counts[c] < 6), key=lambda c: -counts[c])]
+    ended = [r for r in range(6) if stops[0] in ref[r].tolist()]
+    for amp in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = sample(
+                model, ids, mask, max_new_tokens=10, eos_ids=[tok.eos_token_id],
+                pad_id=tok.pad_token_id, greedy=True, num_samples=2,
+            )  # fmt: skip
+            short = sample(
+                model, ids, mask, max_new_tokens=10, eos_ids=stops, pad_id=-1, greedy=True,
+                num_samples=2,
+            )  # fmt: skip
+        if not amp:
+            assert torch.equal(out, ref)
+        assert out.shape == (6, ref.shape[1]) and torch.equal(out[0::2], out[1::2])
+        assert 0 < len(ended) < 6
+        for r in range(6):
+            row = short[r].tolist()
+            if r in ended:  # ended at its first stop token, padded after
+                k = row.index(stops[0])
+                assert all(x == -1 for x in row[k + 1 :]) and (
+                    amp or row[: k + 1] == ref[r, : k + 1].tolist()
+                )
+            else:
+                assert -1 not in row and (amp or row == ref[r, : len(row)].tolist())
+    # draws: each of the G rows of a prompt samples on its own
+    torch.manual_seed(0)
+    drawn = sample(model, ids, mask, max_new_tokens=8, eos_ids=[], pad_id=-1, num_samples=4)
+    assert drawn.shape == (12, 8) and not torch.equal(drawn[0], drawn[1])

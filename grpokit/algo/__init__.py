@@ -1,13 +1,14 @@
 """Pure tensor math of GRPO and its variants. Imports torch only."""
 
 from grpokit.algo.advantages import group_advantages
-from grpokit.algo.logprobs import entropy_from_logits, selective_log_softmax
+from grpokit.algo.logprobs import entropy_from_logits, linear_logprobs, selective_log_softmax
 from grpokit.algo.losses import LOSS_TYPES, policy_loss
 
 __all__ = [
     "LOSS_TYPES",
     "entropy_from_logits",
     "group_advantages",
+    "linear_logprobs",
     "policy_loss",
     "selective_log_softmax",
 ]

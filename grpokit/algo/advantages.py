@@ -50,6 +50,10 @@ def group_advantages(
         )
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    # float64 statistics: with large rewards and a small spread (e.g. 349295, 349293,
+    # 349284) float32 loses the differences to rounding and the group no longer sums to 0
+    rewards = rewards.double()
     r = rewards.view(-1, group_size)  # (B, G)
     mean, std = _nan_mean_std(r, dim=1)  # (B, 1)
     adv = r - mean
@@ -58,7 +62,7 @@ def group_advantages(
     elif scale_rewards == "batch":
         _, bstd = _nan_mean_std(rewards, dim=None)
         adv = adv / (torch.nan_to_num(bstd, nan=0.0) + eps)
-    return torch.nan_to_num(adv.reshape(-1), nan=0.0)
+    return torch.nan_to_num(adv.reshape(-1), nan=0.0).to(out_dtype)
 
 
 def group_reward_stats(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:

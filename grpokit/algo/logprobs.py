@@ -32,3 +32,114 @@ def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 1) -> torch.Tens
         logp = torch.log_softmax(logits[s : s + chunk_rows].float(), dim=-1)  # (b, T, V)
         parts.append(-(logp.exp() * logp).sum(-1))
     return torch.cat(parts, dim=0)
+
+
+def _chunk_tokens(vocab: int, budget_bytes: int = 1 << 27) -> int:
+    """Tokens per chunk so one (chunk, V) float32 block stays within ``budget_bytes``."""
+    return max(16, budget_bytes // (4 * max(vocab, 1)))
+
+
+class _LinearLogProbs(torch.autograd.Function):
+    """Log-probs of ``targets`` under ``softmax((hidden @ weight.T + bias) / temperature)``,
+    token chunk by token chunk, without keeping the (N, V) logits: the backward recomputes
+    each chunk's logits (one extra matmul) instead of storing N x V floats."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, inv_temp, cdtype, chunk, with_entropy):
+        N = hidden.shape[0]
+        logp = hidden.new_empty(N, dtype=torch.float32)
+        lse = hidden.new_empty(N, dtype=torch.float32)
+        ent = hidden.new_empty(N if with_entropy else 0, dtype=torch.float32)
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(cdtype)
+            b = None if bias is None else bias.to(cdtype)
+            for s in range(0, N, chunk):
+                e = min(N, s + chunk)
+                lg = torch.nn.functional.linear(hidden[s:e].to(cdtype), w, b).float()
+                if inv_temp != 1.0:
+                    lg.mul_(inv_temp)
+                z = torch.logsumexp(lg, dim=-1)  # (n,)
+                lse[s:e] = z
+                logp[s:e] = lg.gather(-1, targets[s:e, None]).squeeze(-1) - z
+                if with_entropy:  # H = lse - sum(p * logits)
+                    p = (lg - z[:, None]).exp_()
+                    ent[s:e] = z - (p.mul_(lg)).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.inv_temp, ctx.cdtype, ctx.chunk = inv_temp, cdtype, chunk
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        inv_temp, cdtype, chunk = ctx.inv_temp, ctx.cdtype, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        N = hidden.shape[0]
+        g_h = torch.empty_like(hidden) if need_h else None
+        g_w = torch.zeros(weight.shape, dtype=torch.float32) if need_w else None
+        g_b = (
+            torch.zeros(weight.shape[0], dtype=torch.float32)
+            if need_b and bias is not None
+            else None
+        )
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(cdtype)
+            b = None if bias is None else bias.to(cdtype)
+            rows = torch.arange(chunk)
+            for s in range(0, N, chunk):
+                e = min(N, s + chunk)
+                hc = hidden[s:e].to(cdtype)
+                lg = torch.nn.functional.linear(hc, w, b).float()
+                if inv_temp != 1.0:
+                    lg.mul_(inv_temp)
+                g = g_logp[s:e].float()
+                # d logp / d scaled logits = onehot - softmax
+                grad = lg.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])
+                grad[rows[: e - s], targets[s:e]] += g
+                if inv_temp != 1.0:
+                    grad.mul_(inv_temp)
+                grad = grad.to(cdtype)
+                if need_h:
+                    g_h[s:e] = (grad @ w).to(hidden.dtype)
+                if need_w:
+                    g_w.add_((grad.t() @ hc).float())
+                if g_b is not None:
+                    g_b.add_(grad.float().sum(0))
+        g_w = None if g_w is None else g_w.to(weight.dtype)
+        g_b = None if g_b is None else g_b.to(bias.dtype)
+        return g_h, g_w, g_b, None, None, None, None, None
+
+
+def linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    compute_dtype: torch.dtype | None = None,
+    with_entropy: bool = False,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Fused output layer + log-softmax + gather (+ entropy) over N tokens.
+
+    Args:
+        hidden: (N, H) final hidden states of the positions that predict ``targets``.
+        weight: (V, H) output embedding (``lm_head.weight``); ``bias``: (V,) or None.
+        targets: (N,) token ids.
+        temperature: logits are divided by it (the sampling distribution).
+        compute_dtype: dtype of the two matmuls (bf16 under mixed precision); the
+            softmax is always float32. Defaults to ``weight.dtype``.
+    Returns:
+        (N,) float32 log-probs (differentiable w.r.t. hidden, weight, bias) and, if asked,
+        (N,) float32 entropies (not differentiable).
+    Equals ``selective_log_softmax(linear(hidden, weight, bias) / temperature, targets)``
+    up to the rounding of ``compute_dtype``, with at most one (chunk_tokens, V) float32
+    block alive instead of the whole (N, V) logits and their gradient.
+    """
+    cd = compute_dtype or weight.dtype
+    chunk = chunk_tokens or _chunk_tokens(weight.shape[0])
+    logp, ent = _LinearLogProbs.apply(
+        hidden, weight, bias, targets, 1.0 / temperature, cd, chunk, with_entropy
+    )
+    return logp, (ent if with_entropy else None)

@@ -94,8 +94,9 @@ class HFRolloutEngine:
                 if self.loop == "grpokit":
                     completion_ids = sample(
                         model,
-                        ids,
-                        mask,
+                        prompt_ids,
+                        prompt_mask,
+                        num_samples=num_generations,  # each prompt's prefill runs once
                         max_new_tokens=params.max_new_tokens,
                         eos_ids=self.eos_ids,
                         pad_id=self.pad_id,

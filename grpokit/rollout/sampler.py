@@ -15,7 +15,7 @@ its time per decode step:
 
 Sampling follows ``generate``'s order: repetition penalty, temperature, top-k, top-p (the
 smallest set of most probable tokens whose mass reaches ``top_p``, at least one kept). Rows
-that ended keep emitting ``pad_id``; the loop stops when every row has ended.
+that ended get ``pad_id`` and leave the batch; the loop stops when every row has ended.
 """
 
 from __future__ import annotations
@@ -56,6 +56,24 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 
+def _select_rows(cache, idx: torch.Tensor) -> bool:
+    """Keep rows ``idx`` (in that order, repeats allowed) of every layer's keys and values.
+    False when the cache does not expose its per-layer tensors (then nothing changed)."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(
+        isinstance(getattr(ly, "keys", None), torch.Tensor)
+        and isinstance(getattr(ly, "values", None), torch.Tensor)
+        for ly in layers
+    ):
+        return False
+    for ly in layers:
+        ly.keys = ly.keys.index_select(0, idx)
+        ly.values = ly.values.index_select(0, idx)
+        if hasattr(ly, "batch_size"):
+            ly.batch_size = int(idx.numel())
+    return True
+
+
 @torch.no_grad()
 def sample(
     model,
@@ -71,13 +89,23 @@ def sample(
     top_k: int | None = None,
     repetition_penalty: float = 1.0,
     min_new_tokens: int = 0,
+    num_samples: int = 1,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """(N, P) left-padded prompts -> (N, C) completion ids, C <= max_new_tokens, rows that
-    ended padded with ``pad_id`` after their EOS."""
+    """(B, P) left-padded prompts -> (B * num_samples, C) completion ids, C <= max_new_tokens,
+    the ``num_samples`` completions of a prompt contiguous, rows that ended padded with
+    ``pad_id`` after their EOS.
+
+    Each prompt is run through the model once; its keys and values are then copied to its
+    ``num_samples`` rows. Rows that have ended are dropped from the batch (their cache rows
+    with them) once they are at least an eighth of it, so the decode steps after the short
+    completions end cost what the remaining rows cost.
+    """
     from transformers import DynamicCache, StaticCache
 
-    N, P = input_ids.shape
+    B, P = input_ids.shape
+    G = max(1, int(num_samples))
+    N = B * G
     device = input_ids.device
     total = P + max_new_tokens
     # Under autocast (LoRA runs in bf16) keys and values do not keep one dtype from the
@@ -86,11 +114,11 @@ def sample(
         cache = DynamicCache(config=model.config)
     else:
         cache = StaticCache(config=model.config, max_cache_len=total)
-    mask = torch.zeros(N, total, dtype=attention_mask.dtype, device=device)
+    mask = torch.zeros(B, total, dtype=attention_mask.dtype, device=device)
     mask[:, :P] = attention_mask
     # positions as generate numbers them with left padding: count of real tokens before
     pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    eos = torch.tensor(eos_ids, device=device)
+    eos = torch.tensor(eos_ids, device=device, dtype=torch.long)
     out = model(
         input_ids=input_ids,
         attention_mask=mask[:, :P],
@@ -102,9 +130,32 @@ def sample(
     )
     logits = out.logits[:, -1, :].float()
     next_pos = pos[:, -1:] + 1
-    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    done = torch.zeros(N, dtype=torch.bool, device=device)
     seen = input_ids if repetition_penalty != 1.0 else None
+    # rows: for each row of the running batch, its index in the output
+    rows = torch.arange(N, device=device)
+    if G > 1:
+        rep = torch.arange(B, device=device).repeat_interleave(G)
+        if _select_rows(cache, rep):
+            logits, mask, next_pos = logits[rep], mask[rep], next_pos[rep]
+            seen = None if seen is None else seen[rep]
+        else:  # a cache we cannot index: run the repeated prompts instead
+            return sample(
+                model,
+                input_ids.repeat_interleave(G, 0),
+                attention_mask.repeat_interleave(G, 0),
+                max_new_tokens=max_new_tokens,
+                eos_ids=eos_ids,
+                pad_id=pad_id,
+                greedy=greedy,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                repetition_penalty=repetition_penalty,
+                min_new_tokens=min_new_tokens,
+                generator=generator,
+            )
+    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    done = torch.zeros(N, dtype=torch.bool, device=device)  # over the running rows
     steps = 0
     for t in range(max_new_tokens):
         if seen is not None:
@@ -118,11 +169,18 @@ def sample(
             scores = _filter_top_k_top_p(scores, top_k, top_p)
             nxt = draw(scores.softmax(-1), generator)
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        tokens[:, t] = nxt
+        tokens[rows, t] = nxt
         steps = t + 1
         done |= torch.isin(nxt, eos)
-        if bool(done.all()) or t == max_new_tokens - 1:
+        n_done = int(done.sum())
+        if n_done == done.numel() or t == max_new_tokens - 1:
             break
+        if n_done and n_done >= done.numel() // 8:
+            keep = torch.nonzero(~done).squeeze(1)
+            if _select_rows(cache, keep):
+                rows, done, nxt = rows[keep], done[keep], nxt[keep]
+                mask, next_pos = mask[keep], next_pos[keep]
+                seen = None if seen is None else seen[keep]
         if seen is not None:
             seen = torch.cat([seen, nxt[:, None]], dim=1)
         mask[:, P + t] = 1

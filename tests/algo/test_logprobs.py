@@ -42,3 +42,57 @@ def test_entropy():
     peaked = torch.full((1, 1, 4), -1e4)
     peaked[..., 0] = 0
     assert entropy_from_logits(peaked).abs().max() < 1e-5
+
+
+def _naive_linear(h, w, b, t, temperature, cd):
+    lg = torch.nn.functional.linear(h.to(cd), w.to(cd), b.to(cd)).double() / temperature
+    logp = torch.log_softmax(lg, -1)
+    return logp.gather(-1, t[:, None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+def test_linear_logprobs_matches_naive_values_and_gradients():
+    from grpokit.algo import linear_logprobs
+
+    g = torch.Generator().manual_seed(2)
+    N, H, V = 37, 16, 300
+    for temperature in (1.0, 0.7):
+        for chunk in (1, 5, 64):  # one token per chunk, ragged last chunk, all in one chunk
+            h = torch.randn(N, H, dtype=torch.float64, generator=g).requires_grad_()
+            w = torch.randn(V, H, dtype=torch.float64, generator=g).requires_grad_()
+            b = torch.randn(V, dtype=torch.float64, generator=g).requires_grad_()
+            t = torch.randint(0, V, (N,), generator=g)
+            up = torch.randn(N, dtype=torch.float64, generator=g)
+            lp, ent = linear_logprobs(
+                h, w, t, bias=b, temperature=temperature, with_entropy=True, chunk_tokens=chunk
+            )
+            grads = torch.autograd.grad((lp * up).sum(), (h, w, b))
+            rlp, rent = _naive_linear(h, w, b, t, temperature, torch.float64)
+            rgrads = torch.autograd.grad((rlp * up).sum(), (h, w, b))
+            # log-probs and entropies are stored in float32
+            torch.testing.assert_close(lp.double(), rlp, atol=1e-5, rtol=0)
+            torch.testing.assert_close(ent.double(), rent, atol=1e-4, rtol=0)
+            for a, r in zip(grads, rgrads):
+                torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_logprobs_bf16_compute_matches_autocast_path():
+    """bf16 matmuls with float32 weights, as under autocast: same values as casting
+    hidden and weight to bf16 and doing the softmax in float32."""
+    from grpokit.algo import linear_logprobs
+
+    g = torch.Generator().manual_seed(3)
+    N, H, V = 20, 32, 500
+    h = torch.randn(N, H, generator=g).requires_grad_()
+    w = (torch.randn(V, H, generator=g) * 0.2).requires_grad_()
+    t = torch.randint(0, V, (N,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the caller's context is ignored inside
+        lp, ent = linear_logprobs(h, w, t, compute_dtype=torch.bfloat16, chunk_tokens=6)
+    assert lp.dtype == torch.float32 and ent is None
+    gh, gw = torch.autograd.grad(lp.sum(), (h, w))
+    assert gh.dtype == h.dtype and gw.dtype == w.dtype
+    zero = torch.zeros(V)
+    rlp, _ = _naive_linear(h, w, zero, t, 1.0, torch.bfloat16)
+    rgh, rgw = torch.autograd.grad(rlp.sum(), (h, w))
+    torch.testing.assert_close(lp.double(), rlp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(gh, rgh.float(), atol=1e-2, rtol=1e-2)  # bf16 matmul rounding
+    torch.testing.assert_close(gw, rgw.float(), atol=1e-2, rtol=1e-2)
