@@ -397,7 +397,9 @@ def child_check(spec: dict) -> dict:
     c_mask = (torch.arange(C)[None] < lengths[:, None]).long()
     c_ids = torch.randint(0, 20000, (N, C)).masked_fill(c_mask == 0, pad)
     ro = Rollout(p_ids, p_mask, c_ids, c_mask, lengths == C, [""] * N)
-    fake = types.SimpleNamespace(cfg=types.SimpleNamespace(temperature=temp), amp_dtype=None)
+    fake = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(temperature=temp, fused_logprobs=True), amp_dtype=None
+    )
     with torch.no_grad():
         base, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
     old = (base + 0.3 * torch.randn_like(base)) * c_mask
