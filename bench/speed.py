@@ -3,7 +3,8 @@
     python bench/speed.py                       # configurations a, b, c (see CONFIGS)
     python bench/speed.py --quick               # smoke run: 2 steps, max_completion_length 32
     python bench/speed.py --forced_length       # every completion runs to max_completion_length
-    python bench/speed.py --configs a --steps 4 --skip_check
+    python bench/speed.py --configs a --rounds 4 --skip_check
+    python bench/speed.py --sweep 64,128,256,512 --forced_length --skip_check  # grpokit only
 
 Both sides get the same model (a local SmolLM2-135M-Instruct directory), the same prompts in
 the same order (arithmetic, 1-2 digit operands, grpokit's seeded order written to a jsonl that
@@ -174,10 +175,13 @@ def child_grpokit(spec: dict) -> dict:
                 "reference": m.get("time/reference", 0.0),
                 "training": m["time/training"],
                 "tokens": m.get("tokens_generated", 0.0),
+                "prompt_tokens": m.get("tokens_prompt", 0.0),
                 "mean_length": m.get("completions/mean_length"),
             }
             s["other"] = s["step"] - sum(s[k] for k in PHASES[:-1])
             steps.append(s)
+    emb = trainer.model.get_output_embeddings().weight
+    n_params = sum(p.numel() for p in trainer.model.parameters())  # tied embedding once
     return {
         "tool": "grpokit",
         "version": _version("grpokit"),
@@ -185,7 +189,26 @@ def child_grpokit(spec: dict) -> dict:
         "setup_seconds": setup,
         "steps": steps,
         "autocast": seen,
+        "head_params": emb.numel(),
+        "body_params": n_params - emb.numel(),
+        "matmul_gflops": _matmul_gflops(),
     }
+
+
+def _matmul_gflops(n: int = 2048, reps: int = 5) -> dict:
+    """This machine's matmul rate right now (same process and threads as the training)."""
+    import torch
+
+    out = {}
+    for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+        for _ in range(2):
+            a @ b
+        t = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        out[name] = 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
+    return out
 
 
 def _arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
@@ -534,6 +557,19 @@ def summarize(res: dict, mu: int, warmup_rounds: int = 1) -> dict:
     out["tokens_per_s"] = tok / gen if gen else float("nan")
     lengths = [r[0]["mean_length"] for r in rounds if r[0]["mean_length"] is not None]
     out["mean_length"] = statistics.mean(lengths) if lengths else float("nan")
+    if res.get("body_params") and all(r[0].get("prompt_tokens") for r in rounds):
+        # model FLOPs of a step's forward + backward: 6 x parameters x tokens, the output
+        # layer counted for completion tokens only (attention scores left out)
+        rates = []
+        for r in rounds:
+            comp, prompt = r[0]["tokens"], r[0]["prompt_tokens"]
+            flops = 6 * res["body_params"] * (prompt + comp) + 6 * res["head_params"] * comp
+            rates.append(flops * mu / sum(s["training"] for s in r) / 1e9)
+        out["train_gflops"] = statistics.median(rates)
+        peak = res.get("matmul_gflops", {}).get("bf16")
+        if peak:
+            out["train_of_peak"] = out["train_gflops"] / peak
+            out["matmul_bf16_gflops"] = peak
     return out
 
 
@@ -566,6 +602,8 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     row("other s", "other")
     row("tokens generated / s", "tokens_per_s", "{:.0f}")
     row("mean completion length", "mean_length", "{:.1f}")
+    row("training GFLOP/s (6 x params x tokens)", "train_gflops", "{:.0f}")
+    row("... of this machine's bf16 matmul GFLOP/s", "train_of_peak", "{:.0%}")
     row("**peak RSS GB**", "rss_gb", src="top")
     row("setup s (load, not timed)", "setup_seconds", "{:.1f}", src="top")
     n = [str(r["summary"].get("rounds", 0)) if r else "0" for r in (g, t)]
@@ -588,6 +626,11 @@ def main() -> int:
     ap.add_argument("--skip_check", action="store_true", help="skip the loss/gradient check")
     ap.add_argument("--sides", default="grpokit,trl")
     ap.add_argument("--output_dir", default="outputs/bench-speed")
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        help="grpokit only, config a: step time at these max_completion_lengths, e.g. 64,128,256,512",
+    )
     a = ap.parse_args()
 
     if a._child:
@@ -642,6 +685,9 @@ def main() -> int:
                 flush=True,
             )
 
+    if a.sweep:
+        return sweep(a, base, work, out, rounds)
+
     for name in a.configs.split(","):
         c = CONFIGS[name]
         mu = c["num_iterations"]
@@ -668,6 +714,37 @@ def main() -> int:
         print("\n" + format_table(name, c["label"], rows) + "\n", flush=True)
         (out / "speed.json").write_text(json.dumps(report, indent=1))
     print(f"results: {out / 'speed.json'}")
+    return 0
+
+
+def sweep(a, base: dict, work: Path, out: Path, rounds: int) -> int:
+    """grpokit's step time as max_completion_length grows (config a, forced length when
+    --forced_length), one child per length."""
+    lines = [
+        "| max_completion_length | s / step | generation s | reference s | training s | "
+        "tokens / s | training GFLOP/s | peak RSS GB |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    report = {}
+    for L in [int(x) for x in a.sweep.split(",")]:
+        spec = dict(base, max_completion_length=L, num_iterations=1, use_peft=False)
+        spec["steps"] = 1 + rounds
+        r, rss, tail = run_child(
+            GRPOKIT_PY, "grpokit", dict(spec, output_dir=str(work / f"L{L}")), work
+        )
+        if r is None:
+            print(f"L={L} FAILED:\n{tail}", flush=True)
+            continue
+        sm = summarize(r, 1)
+        report[L] = dict(sm, rss_gb=rss)
+        lines.append(
+            f"| {L} | {sm['step']:.2f} | {sm['generation']:.2f} | {sm['reference']:.2f} | "
+            f"{sm['training']:.2f} | {sm['tokens_per_s']:.0f} | {sm.get('train_gflops', 0):.0f} | "
+            f"{rss:.2f} |"
+        )
+        print(lines[-1], flush=True)
+    print("\n" + "\n".join(lines))
+    (out / "sweep.json").write_text(json.dumps(report, indent=1))
     return 0
 
 

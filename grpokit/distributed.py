@@ -46,14 +46,47 @@ def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def sum_gradients(params) -> None:
+def sum_gradients(params, bucket_bytes: int = 64 << 20) -> None:
     """Sum gradients over ranks. The losses are already normalised by global counts, so the
-    sum (not the mean) gives the gradient of the global objective."""
+    sum (not the mean) gives the gradient of the global objective.
+
+    Gradients are flattened into buckets of about ``bucket_bytes`` (one dtype per bucket) and
+    each bucket is reduced with one collective, as DDP does, instead of one call per tensor
+    (a 135M-parameter model has ~270 of them). The ranks first agree on which parameters have
+    a gradient anywhere: one missing on some ranks only is reduced as zeros there, one missing
+    everywhere stays None (the optimizer skips it, as in one process).
+    """
     if world_size() == 1:
         return
+    params = [p for p in params if p.requires_grad]
+    has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32)
+    dist.all_reduce(has, op=dist.ReduceOp.SUM)
+    params = [p for p, h in zip(params, has.tolist()) if h > 0]
+    bucket: list[torch.nn.Parameter] = []
+    size = 0
+
+    def flush():
+        nonlocal bucket, size
+        if not bucket:
+            return
+        for p in bucket:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        off = 0
+        for p in bucket:
+            n = p.grad.numel()
+            p.grad.copy_(flat[off : off + n].view_as(p.grad))
+            off += n
+        bucket, size = [], 0
+
     for p in params:
-        if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        if bucket and (p.dtype != bucket[0].dtype or size >= bucket_bytes):
+            flush()
+        bucket.append(p)
+        size += p.numel() * p.element_size()
+    flush()
 
 
 def barrier() -> None:

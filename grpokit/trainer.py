@@ -332,7 +332,9 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def _logps_no_grad(self, model, ro: Rollout) -> torch.Tensor:
-        out = torch.zeros(ro.completion_ids.shape, dtype=torch.float32)
+        out = torch.zeros(
+            ro.completion_ids.shape, dtype=torch.float32, device=ro.completion_ids.device
+        )
         for idx in self._micro_batches(ro):
             out[idx] = self.completion_logps(model, ro, idx)[0]
         return out
@@ -403,6 +405,7 @@ class GRPOTrainer:
             "time/scoring": t2 - t1,
             "time/reference": t3 - t2,
             "tokens_generated": lengths.sum(),
+            "tokens_prompt": dist.all_reduce_sum(ro.prompt_mask.sum().float()),
         }
         for j, name in enumerate(self.reward_names):
             col = all_rewards[:, j]

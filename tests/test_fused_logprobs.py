@@ -14,12 +14,13 @@ from grpokit.trainer import GRPOTrainer, _fused_head
 def _rollout(tr, n=6, P=9, C=11, seed=0):
     g = torch.Generator().manual_seed(seed)
     V = tr.model.config.vocab_size
-    p_len = torch.randint(2, P + 1, (n,), generator=g)
+    # the compared rows 4, 0, 5, 2 differ in prompt and completion length
+    p_len = torch.tensor([3, 9, 4, 2, 5, 2])[:n]
     p_mask = (torch.arange(P)[None, :] >= P - p_len[:, None]).long()  # left padding
     p_ids = torch.randint(3, V, (n, P), generator=g) * p_mask
     c_ids = torch.randint(3, V, (n, C), generator=g)
     eos = tr.tokenizer.eos_token_id
-    lens = torch.randint(1, C - 2, (n,), generator=g)  # every row ends early: trimmed columns
+    lens = torch.tensor([9, 2, 3, 8, 2, 1])[:n]  # every row ends before C: trimmed columns
     for i, k in enumerate(lens.tolist()):
         c_ids[i, k - 1] = eos
         c_ids[i, k:] = tr.tokenizer.pad_token_id

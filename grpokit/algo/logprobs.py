@@ -41,63 +41,78 @@ def _chunk_tokens(vocab: int, budget_bytes: int = 1 << 27) -> int:
 
 class _LinearLogProbs(torch.autograd.Function):
     """Log-probs of ``targets`` under ``softmax((hidden @ weight.T + bias) / temperature)``,
-    token chunk by token chunk, without keeping the (N, V) logits: the backward recomputes
-    each chunk's logits (one extra matmul) instead of storing N x V floats."""
+    token chunk by token chunk, never holding the (N, V) float32 logits. For the backward it
+    keeps the softmax in ``cdtype`` when that fits in ``keep_bytes`` (one (N, V) bf16 block
+    under mixed precision); otherwise the backward recomputes each chunk's logits (one extra
+    matmul)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, inv_temp, cdtype, chunk, with_entropy):
-        N = hidden.shape[0]
-        logp = hidden.new_empty(N, dtype=torch.float32)
-        lse = hidden.new_empty(N, dtype=torch.float32)
-        ent = hidden.new_empty(N if with_entropy else 0, dtype=torch.float32)
-        with torch.autocast(hidden.device.type, enabled=False):
+    def forward(
+        ctx, hidden, weight, bias, targets, inv_temp, cdtype, chunk, with_entropy, keep_bytes
+    ):
+        N, V = hidden.shape[0], weight.shape[0]
+        dev = hidden.device
+        logp = torch.empty(N, dtype=torch.float32, device=dev)
+        lse = torch.empty(N, dtype=torch.float32, device=dev)
+        ent = torch.empty(N if with_entropy else 0, dtype=torch.float32, device=dev)
+        grad_needed = any(ctx.needs_input_grad[:3])
+        esize = torch.empty(0, dtype=cdtype).element_size()
+        keep = grad_needed and N * V * esize <= keep_bytes
+        probs = torch.empty(N, V, dtype=cdtype, device=dev) if keep else None
+        with torch.autocast(dev.type, enabled=False):
             w = weight.to(cdtype)
             b = None if bias is None else bias.to(cdtype)
             for s in range(0, N, chunk):
                 e = min(N, s + chunk)
+                t = targets[s:e, None]
                 lg = torch.nn.functional.linear(hidden[s:e].to(cdtype), w, b).float()
                 if inv_temp != 1.0:
                     lg.mul_(inv_temp)
-                z = torch.logsumexp(lg, dim=-1)  # (n,)
-                lse[s:e] = z
-                logp[s:e] = lg.gather(-1, targets[s:e, None]).squeeze(-1) - z
-                if with_entropy:  # H = lse - sum(p * logits)
-                    p = (lg - z[:, None]).exp_()
-                    ent[s:e] = z - (p.mul_(lg)).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+                ls = torch.log_softmax(lg, dim=-1)
+                lp = ls.gather(-1, t).squeeze(-1)
+                logp[s:e] = lp
+                lse[s:e] = lg.gather(-1, t).squeeze(-1) - lp
+                if with_entropy or keep:
+                    p = torch.exp(ls, out=lg)  # the logits are no longer needed
+                    if with_entropy:  # H = -sum(p log p), one dot product per row
+                        ent[s:e] = -torch.bmm(p.unsqueeze(1), ls.unsqueeze(2)).view(-1)
+                    if keep:
+                        probs[s:e] = p
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, logp, probs)
         ctx.inv_temp, ctx.cdtype, ctx.chunk = inv_temp, cdtype, chunk
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, logp, probs = ctx.saved_tensors
         inv_temp, cdtype, chunk = ctx.inv_temp, ctx.cdtype, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        N = hidden.shape[0]
+        N, dev = hidden.shape[0], hidden.device
         g_h = torch.empty_like(hidden) if need_h else None
-        g_w = torch.zeros(weight.shape, dtype=torch.float32) if need_w else None
-        g_b = (
-            torch.zeros(weight.shape[0], dtype=torch.float32)
-            if need_b and bias is not None
-            else None
-        )
-        with torch.autocast(hidden.device.type, enabled=False):
+        g_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
+        g_b = None
+        if need_b and bias is not None:
+            g_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=dev)
+        with torch.autocast(dev.type, enabled=False):
             w = weight.to(cdtype)
             b = None if bias is None else bias.to(cdtype)
-            rows = torch.arange(chunk)
+            rows = torch.arange(chunk, device=dev)
             for s in range(0, N, chunk):
                 e = min(N, s + chunk)
                 hc = hidden[s:e].to(cdtype)
-                lg = torch.nn.functional.linear(hc, w, b).float()
-                if inv_temp != 1.0:
-                    lg.mul_(inv_temp)
-                g = g_logp[s:e].float()
-                # d logp / d scaled logits = onehot - softmax
-                grad = lg.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])
-                grad[rows[: e - s], targets[s:e]] += g
-                if inv_temp != 1.0:
-                    grad.mul_(inv_temp)
+                # d logp / d logits = (onehot - softmax) / temperature
+                g = g_logp[s:e].float() * inv_temp
+                if probs is not None:
+                    grad = probs[s:e] * (-g)[:, None]  # float32
+                else:
+                    grad = torch.nn.functional.linear(hc, w, b).float()
+                    if inv_temp != 1.0:
+                        grad.mul_(inv_temp)
+                    grad.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])
+                # the target's term from its float32 probability (no cancellation in 1 - p)
+                p_t = logp[s:e].exp()
+                grad[rows[: e - s], targets[s:e]] = (g * (1.0 - p_t)).to(grad.dtype)
                 grad = grad.to(cdtype)
                 if need_h:
                     g_h[s:e] = (grad @ w).to(hidden.dtype)
@@ -107,7 +122,7 @@ class _LinearLogProbs(torch.autograd.Function):
                     g_b.add_(grad.float().sum(0))
         g_w = None if g_w is None else g_w.to(weight.dtype)
         g_b = None if g_b is None else g_b.to(bias.dtype)
-        return g_h, g_w, g_b, None, None, None, None, None
+        return g_h, g_w, g_b, None, None, None, None, None, None
 
 
 def linear_logprobs(
@@ -120,6 +135,7 @@ def linear_logprobs(
     compute_dtype: torch.dtype | None = None,
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
+    keep_bytes: int = 1 << 28,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Fused output layer + log-softmax + gather (+ entropy) over N tokens.
 
@@ -135,11 +151,13 @@ def linear_logprobs(
         (N,) float32 entropies (not differentiable).
     Equals ``selective_log_softmax(linear(hidden, weight, bias) / temperature, targets)``
     up to the rounding of ``compute_dtype``, with at most one (chunk_tokens, V) float32
-    block alive instead of the whole (N, V) logits and their gradient.
+    block alive instead of the whole (N, V) logits and their gradient; the softmax is kept
+    for the backward in ``compute_dtype`` when N x V of it fits in ``keep_bytes``, else
+    recomputed there.
     """
     cd = compute_dtype or weight.dtype
     chunk = chunk_tokens or _chunk_tokens(weight.shape[0])
     logp, ent = _LinearLogProbs.apply(
-        hidden, weight, bias, targets, 1.0 / temperature, cd, chunk, with_entropy
+        hidden, weight, bias, targets, 1.0 / temperature, cd, chunk, with_entropy, keep_bytes
     )
     return logp, (ent if with_entropy else None)

@@ -56,15 +56,17 @@ def test_linear_logprobs_matches_naive_values_and_gradients():
     g = torch.Generator().manual_seed(2)
     N, H, V = 37, 16, 300
     for temperature in (1.0, 0.7):
-        for chunk in (1, 5, 64):  # one token per chunk, ragged last chunk, all in one chunk
+        # one token per chunk, ragged last chunk, all in one chunk; softmax kept or recomputed
+        for chunk, keep in ((1, 0), (5, 1 << 28), (5, 0), (64, 1 << 28)):
             h = torch.randn(N, H, dtype=torch.float64, generator=g).requires_grad_()
             w = torch.randn(V, H, dtype=torch.float64, generator=g).requires_grad_()
             b = torch.randn(V, dtype=torch.float64, generator=g).requires_grad_()
             t = torch.randint(0, V, (N,), generator=g)
             up = torch.randn(N, dtype=torch.float64, generator=g)
             lp, ent = linear_logprobs(
-                h, w, t, bias=b, temperature=temperature, with_entropy=True, chunk_tokens=chunk
-            )
+                h, w, t, bias=b, temperature=temperature, with_entropy=True,
+                chunk_tokens=chunk, keep_bytes=keep,
+            )  # fmt: skip
             grads = torch.autograd.grad((lp * up).sum(), (h, w, b))
             rlp, rent = _naive_linear(h, w, b, t, temperature, torch.float64)
             rgrads = torch.autograd.grad((rlp * up).sum(), (h, w, b))
