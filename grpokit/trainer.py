@@ -182,8 +182,8 @@ class GRPOTrainer:
             self.tokenizer,
             autocast_dtype=self.amp_dtype,
             loop=c.generation_loop,
-            # bf16 full fine-tuning samples from a bf16 copy of the weights (see the engine)
-            sampling_dtype=self.amp_dtype if (c.bf16_sampling_copy and not c.use_peft) else None,
+            # bf16 runs sample from a bf16 copy of the weights (LoRA merged in; see the engine)
+            sampling_dtype=self.amp_dtype if c.bf16_sampling_copy else None,
         )
         # held-out evaluation decodes with the training model itself (autocast when bf16)
         self.eval_engine = HFRolloutEngine(

@@ -227,3 +227,50 @@ def test_shared_prompt_prefill_and_dropping_ended_rows(tiny_model_dir):
     torch.manual_seed(0)
     drawn = sample(model, ids, mask, max_new_tokens=8, eos_ids=[], pad_id=-1, num_samples=4)
     assert drawn.shape == (12, 8) and not torch.equal(drawn[0], drawn[1])
+
+
+def test_bf16_sampling_copy_merges_lora(tiny_model_dir):
+    """With LoRA the copy holds base + scaling * B @ A in bf16 (the policy's weights are
+    left alone), follows the adapter after weights_updated(), and samples like the policy."""
+    from peft import LoraConfig, get_peft_model
+
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.hf import HFRolloutEngine
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+    )
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)  # a non-zero adapter
+    q = model.get_base_model().model.layers[0].self_attn.q_proj
+    base_w = q.base_layer.weight.detach().clone()
+    ids, mask = _prompts(tok)
+    eng = HFRolloutEngine(model, tok, sampling_dtype=torch.bfloat16)
+    params = SamplingParams(max_new_tokens=5, greedy=True)
+    out = eng.generate(ids, mask, params)
+    cq = eng._copy.model.layers[0].self_attn.q_proj.weight
+    want = (base_w + q.get_delta_weight("default")).to(torch.bfloat16)
+    assert cq.dtype == torch.bfloat16 and torch.equal(cq, want)
+    assert torch.equal(q.base_layer.weight, base_w)  # the policy was not merged into
+    for name, buf in eng._copy.named_buffers():
+        assert torch.isfinite(buf).all(), name
+    # the copy is peft's own merge of the adapter, cast to bf16: the same logits exactly
+    merged = copy.deepcopy(model).merge_and_unload().to(torch.bfloat16).eval()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        a = merged(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        b = eng._copy(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    assert torch.equal(a, b) and out.completion_ids.shape[0] == 3
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.mul_(-1)
+    eng.weights_updated()
+    eng.generate(ids, mask, params)
+    want = (base_w + q.get_delta_weight("default")).to(torch.bfloat16)
+    assert torch.equal(eng._copy.model.layers[0].self_attn.q_proj.weight, want)

@@ -63,15 +63,20 @@ class HFRolloutEngine:
     def _sampling_model(self):
         if self.sampling_dtype is None:
             return self.model, self.autocast_dtype
+        peft = hasattr(self.model, "get_base_model")
         if self._copy is None:
-            self._copy = _empty_like_model(self.model, self.sampling_dtype)
+            base = self.model.get_base_model() if peft else self.model
+            self._copy = _empty_like_model(base, self.sampling_dtype, check_names=not peft)
             self._stale = True
         if self._stale:
             with torch.no_grad():
-                for dst, src in zip(self._copy.parameters(), self.model.parameters()):
-                    dst.copy_(src)
-                for dst, src in zip(self._copy.buffers(), self.model.buffers()):
-                    dst.copy_(src)
+                if peft:
+                    _copy_merged_lora(self._copy, self.model.get_base_model())
+                else:
+                    for dst, src in zip(self._copy.parameters(), self.model.parameters()):
+                        dst.copy_(src)
+                    for dst, src in zip(self._copy.buffers(), self.model.buffers()):
+                        dst.copy_(src)
             self._stale = False
         return self._copy, None
 
@@ -142,7 +147,33 @@ class HFRolloutEngine:
         return kwargs
 
 
-def _empty_like_model(model, dtype: torch.dtype):
+def _copy_merged_lora(dst_model, base) -> None:
+    """Fill ``dst_model`` (the plain architecture) with ``base``'s weights, each LoRA layer's
+    active adapters merged in (W + scaling * B @ A), cast to ``dst_model``'s dtype. The
+    policy's own weights are never modified (no merge/unmerge round trip)."""
+    src = base.state_dict()
+    merged = {k.replace(".base_layer.", "."): v for k, v in src.items() if "lora_" not in k}
+    for name, mod in base.named_modules():
+        if not (hasattr(mod, "get_delta_weight") and hasattr(mod, "base_layer")):
+            continue
+        if getattr(mod, "merged", False):
+            continue  # already merged into base_layer.weight
+        w = merged[f"{name}.weight"].float()
+        for a in getattr(mod, "active_adapters", []):
+            if a in getattr(mod, "lora_A", {}):
+                w = w + mod.get_delta_weight(a).float()
+        merged[f"{name}.weight"] = w
+    for k, v in dst_model.state_dict(keep_vars=True).items():
+        if k not in merged:
+            raise RuntimeError(f"sampling copy: no weight for {k} in the LoRA model")
+        v.data.copy_(merged[k])
+    buffers = dict(base.named_buffers())  # rotary tables (not in the state dict)
+    for k, v in dst_model.named_buffers():
+        if k in buffers:
+            v.copy_(buffers[k])
+
+
+def _empty_like_model(model, dtype: torch.dtype, check_names: bool = True):
     """A model of the same class and config with uninitialised ``dtype`` weights, built on
     the meta device: no transient full-precision copy (a deepcopy then cast would leave an
     extra fp32 model's worth of freed memory in the process). Its buffers (rotary tables)
@@ -153,7 +184,7 @@ def _empty_like_model(model, dtype: torch.dtype):
     if hasattr(twin, "tie_weights"):
         twin.tie_weights()  # to_empty gives tied parameters separate storage: tie them again
     for (n, a), (m, b) in zip(twin.named_parameters(), model.named_parameters()):
-        if n != m or a.shape != b.shape:
+        if check_names and (n != m or a.shape != b.shape):
             raise RuntimeError(f"sampling copy does not mirror the model ({n} vs {m})")
     twin.eval()
     for p in twin.parameters():
