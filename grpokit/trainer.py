@@ -517,6 +517,7 @@ class GRPOTrainer:
             truncated_prompts=self.counters.get("truncated_prompts", 0),
         )
         out["time/training"] = time.time() - t0
+        _release_freed_memory()
         return out
 
     def _skip_nonfinite(self, b: Batch) -> None:
@@ -772,6 +773,51 @@ def _fused_head(model):
     if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped lm_head
         return None
     return model.get_decoder(), head
+
+
+_LIBC = None
+_TRIM = {"base": None}
+TRIM_SLACK_BYTES = 1 << 30
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _release_freed_memory() -> None:
+    """Bound the heap's growth (glibc ``malloc_trim``), checked once a step.
+
+    ``./run`` keeps freed memory in the heap (``MALLOC_TRIM_THRESHOLD_`` and
+    ``MALLOC_MMAP_THRESHOLD_`` at 16 GB) because fresh pages cost a page fault each (training
+    20 s -> 15 s a step). Tensors of a different size every step then fragment the heap, and
+    the default run's RSS grew by ~0.12 GB a step (8.9 GB after 40 steps). Trimming every step
+    cost ~30% of the training phase; so the free pages are returned only when the RSS after a
+    step is more than 1 GiB above what it was after the last trim. No-op off glibc/Linux."""
+    global _LIBC
+    rss = _rss_bytes()
+    if rss is None:
+        return
+    if _TRIM["base"] is None:
+        _TRIM["base"] = rss
+        return
+    if rss < _TRIM["base"] + TRIM_SLACK_BYTES:
+        return
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+        _TRIM["base"] = _rss_bytes() or rss
+        log.info("released freed heap memory: RSS %.2f -> %.2f GB", rss / 1e9, _TRIM["base"] / 1e9)
 
 
 def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -58,17 +58,31 @@ class _LinearLogProbs(torch.autograd.Function):
         grad_needed = any(ctx.needs_input_grad[:3])
         esize = torch.empty(0, dtype=cdtype).element_size()
         keep = grad_needed and N * V * esize <= keep_bytes
-        probs = torch.empty(N, V, dtype=cdtype, device=dev) if keep else None
+        # Work buffers of one fixed size, (chunk, V), whatever N is: allocations of varying
+        # size fragment a heap that is never trimmed (./run's malloc settings), and the
+        # process grew by ~0.1 GB a step that way.
+        rows = min(chunk, N)
+        lg_buf = torch.empty(rows, V, dtype=torch.float32, device=dev)
+        ls_buf = torch.empty(rows, V, dtype=torch.float32, device=dev)
+        mm_buf = None if cdtype == torch.float32 else torch.empty(rows, V, dtype=cdtype, device=dev)
+        probs = None
+        if keep:  # rows rounded up to whole chunks: a few sizes only
+            probs = torch.empty(-(-N // rows) * rows, V, dtype=cdtype, device=dev)
         with torch.autocast(dev.type, enabled=False):
             w = weight.to(cdtype)
             b = None if bias is None else bias.to(cdtype)
             for s in range(0, N, chunk):
                 e = min(N, s + chunk)
+                n = e - s
                 t = targets[s:e, None]
-                lg = torch.nn.functional.linear(hidden[s:e].to(cdtype), w, b).float()
+                lg = lg_buf[:n]
+                _linear_into(
+                    hidden[s:e].to(cdtype), w, b, lg, None if mm_buf is None else mm_buf[:n]
+                )
                 if inv_temp != 1.0:
                     lg.mul_(inv_temp)
-                ls = torch.log_softmax(lg, dim=-1)
+                ls = ls_buf[:n]
+                torch.ops.aten._log_softmax.out(lg, -1, False, out=ls)
                 lp = ls.gather(-1, t).squeeze(-1)
                 logp[s:e] = lp
                 lse[s:e] = lg.gather(-1, t).squeeze(-1) - lp
@@ -88,41 +102,61 @@ class _LinearLogProbs(torch.autograd.Function):
         hidden, weight, bias, targets, lse, logp, probs = ctx.saved_tensors
         inv_temp, cdtype, chunk = ctx.inv_temp, ctx.cdtype, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        N, dev = hidden.shape[0], hidden.device
+        N, V, dev = hidden.shape[0], weight.shape[0], hidden.device
         g_h = torch.empty_like(hidden) if need_h else None
         g_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
         g_b = None
         if need_b and bias is not None:
             g_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=dev)
+        rows_n = min(chunk, N)
+        grad_buf = torch.empty(rows_n, V, dtype=torch.float32, device=dev)
+        low_buf = (
+            None if cdtype == torch.float32 else torch.empty(rows_n, V, dtype=cdtype, device=dev)
+        )
         with torch.autocast(dev.type, enabled=False):
             w = weight.to(cdtype)
             b = None if bias is None else bias.to(cdtype)
             rows = torch.arange(chunk, device=dev)
             for s in range(0, N, chunk):
                 e = min(N, s + chunk)
+                n = e - s
                 hc = hidden[s:e].to(cdtype)
                 # d logp / d logits = (onehot - softmax) / temperature
                 g = g_logp[s:e].float() * inv_temp
+                grad = grad_buf[:n]
                 if probs is not None:
-                    grad = probs[s:e] * (-g)[:, None]  # float32
+                    torch.mul(probs[s:e], (-g)[:, None], out=grad)
                 else:
-                    grad = torch.nn.functional.linear(hc, w, b).float()
+                    _linear_into(hc, w, b, grad, None if low_buf is None else low_buf[:n])
                     if inv_temp != 1.0:
                         grad.mul_(inv_temp)
                     grad.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])
                 # the target's term from its float32 probability (no cancellation in 1 - p)
                 p_t = logp[s:e].exp()
-                grad[rows[: e - s], targets[s:e]] = (g * (1.0 - p_t)).to(grad.dtype)
-                grad = grad.to(cdtype)
+                grad[rows[:n], targets[s:e]] = (g * (1.0 - p_t)).to(grad.dtype)
+                if low_buf is not None:
+                    grad = low_buf[:n].copy_(grad)
                 if need_h:
                     g_h[s:e] = (grad @ w).to(hidden.dtype)
                 if need_w:
-                    g_w.add_((grad.t() @ hc).float())
+                    g_w.add_(grad.t() @ hc)
                 if g_b is not None:
                     g_b.add_(grad.float().sum(0))
         g_w = None if g_w is None else g_w.to(weight.dtype)
         g_b = None if g_b is None else g_b.to(bias.dtype)
         return g_h, g_w, g_b, None, None, None, None, None, None
+
+
+def _linear_into(x, w, b, out, low):
+    """out (float32, (n, V)) = x @ w.T + b, computed in x's dtype (through ``low`` when that
+    is not float32), without allocating an (n, V) result."""
+    dst = out if low is None else low
+    if b is None:
+        torch.mm(x, w.t(), out=dst)
+    else:
+        torch.addmm(b, x, w.t(), out=dst)  # one rounding, as linear()
+    if low is not None:
+        out.copy_(low)
 
 
 def linear_logprobs(
