@@ -202,6 +202,7 @@ class GRPOTrainer:
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = build_optimizer(self.params, self.cfg)
+        self._rss_base: int | None = None  # RSS after the last heap trim (see below)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, self.total_steps)
 
     # ------------------------------------------------------------------ resume
@@ -517,7 +518,7 @@ class GRPOTrainer:
             truncated_prompts=self.counters.get("truncated_prompts", 0),
         )
         out["time/training"] = time.time() - t0
-        _release_freed_memory()
+        self._rss_base = _release_freed_memory(self._rss_base)
         return out
 
     def _skip_nonfinite(self, b: Batch) -> None:
@@ -776,7 +777,6 @@ def _fused_head(model):
 
 
 _LIBC = None
-_TRIM = {"base": None}
 TRIM_SLACK_BYTES = 1 << 30
 
 
@@ -788,7 +788,7 @@ def _rss_bytes() -> int | None:
         return None
 
 
-def _release_freed_memory() -> None:
+def _release_freed_memory(base: int | None) -> int | None:
     """Bound the heap's growth (glibc ``malloc_trim``), checked once a step.
 
     ``./run`` keeps freed memory in the heap (``MALLOC_TRIM_THRESHOLD_`` and
@@ -796,16 +796,14 @@ def _release_freed_memory() -> None:
     20 s -> 15 s a step). Tensors of a different size every step then fragment the heap, and
     the default run's RSS grew by ~0.12 GB a step (8.9 GB after 40 steps). Trimming every step
     cost ~30% of the training phase; so the free pages are returned only when the RSS after a
-    step is more than 1 GiB above what it was after the last trim. No-op off glibc/Linux."""
+    step is more than 1 GiB above ``base`` (the RSS after the last trim, or after the first
+    step). Returns the new base. No-op off glibc/Linux."""
     global _LIBC
     rss = _rss_bytes()
-    if rss is None:
-        return
-    if _TRIM["base"] is None:
-        _TRIM["base"] = rss
-        return
-    if rss < _TRIM["base"] + TRIM_SLACK_BYTES:
-        return
+    if rss is None or base is None:
+        return rss
+    if rss < base + TRIM_SLACK_BYTES:
+        return base
     if _LIBC is None:
         try:
             import ctypes
@@ -816,8 +814,10 @@ def _release_freed_memory() -> None:
             _LIBC = False
     if _LIBC:
         _LIBC.malloc_trim(0)
-        _TRIM["base"] = _rss_bytes() or rss
-        log.info("released freed heap memory: RSS %.2f -> %.2f GB", rss / 1e9, _TRIM["base"] / 1e9)
+        base = _rss_bytes() or rss
+        log.info("released freed heap memory: RSS %.2f -> %.2f GB", rss / 1e9, base / 1e9)
+        return base
+    return rss
 
 
 def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:
