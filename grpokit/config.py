@@ -123,6 +123,9 @@ class GRPOConfig:
     repetition_penalty: float = 1.0
     generation_loop: str = "grpokit"  # grpokit's decode loop, or "hf" (transformers' generate)
     fused_logprobs: bool = True  # output layer + log-softmax by token chunks (see trainer)
+    share_prompt_forward: bool = (
+        True  # each distinct prompt runs once per micro-batch (see trainer)
+    )
     bf16_sampling_copy: bool = True  # with bf16 (full fine-tuning): sample from a bf16 copy
 
     # GRPO objective

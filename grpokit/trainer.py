@@ -202,7 +202,7 @@ class GRPOTrainer:
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = build_optimizer(self.params, self.cfg)
-        self._rss_base: int | None = None  # RSS after the last heap trim (see below)
+        self._rss_base: int | None = None  # RSS after the first step (heap trimming, below)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, self.total_steps)
 
     # ------------------------------------------------------------------ resume
@@ -280,30 +280,39 @@ class GRPOTrainer:
         ck = max(1, int(c_mask.sum(-1).max()))  # completions are right-padded
         p_ids, p_mask = p_ids[:, P - pk :], p_mask[:, P - pk :]
         c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
-        ids = torch.cat([p_ids, c_ids], dim=1)  # (n, pk+ck)
-        attn = torch.cat([p_mask, c_mask], dim=1)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
         head = _fused_head(model) if self.cfg.fused_logprobs else None
-        if head is None:
+        shared = self._shared_prompts(model, p_ids, p_mask)
+        if shared is not None:
+            hs_or_logits = self._forward_shared_prompts(
+                model, head, p_ids, p_mask, c_ids, c_mask, shared
+            )
+        else:
+            ids = torch.cat([p_ids, c_ids], dim=1)  # (n, pk+ck)
+            attn = torch.cat([p_mask, c_mask], dim=1)
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
             with autocast(ids.device.type, self.amp_dtype):
-                out = model(
-                    input_ids=ids,
-                    attention_mask=attn,
-                    position_ids=pos,
-                    logits_to_keep=ck + 1,
-                    use_cache=False,
-                )
-            logits = out.logits[:, :-1] / self.cfg.temperature  # (n, ck, V)
-            logp = selective_log_softmax(logits, c_ids)
-            ent = entropy_from_logits(logits.detach()) if with_entropy else None
+                if head is None:
+                    out = model(
+                        input_ids=ids,
+                        attention_mask=attn,
+                        position_ids=pos,
+                        logits_to_keep=ck + 1,
+                        use_cache=False,
+                    )
+                    hs_or_logits = out.logits[:, :-1]  # (n, ck, V)
+                else:
+                    hs = head[0](
+                        input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
+                    ).last_hidden_state  # (n, pk+ck, H)
+                    hs_or_logits = hs[:, pk - 1 : pk + ck - 1]  # the positions predicting c_ids
+        if head is None:
+            logits = hs_or_logits / self.cfg.temperature  # (n, ck, V)
+            logp = selective_log_softmax(logits, c_ids) * c_mask
+            ent = entropy_from_logits(logits.detach()) * c_mask if with_entropy else None
             return _pad_cols(logp, C), (None if ent is None else _pad_cols(ent, C))
-        decoder, lm_head = head
-        with autocast(ids.device.type, self.amp_dtype):
-            hs = decoder(
-                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
-            ).last_hidden_state  # (n, pk+ck, H)
+        lm_head = head[1]
         sel = c_mask.bool()
-        h = hs[:, pk - 1 : pk + ck - 1][sel]  # (tokens, H): the positions predicting c_ids
+        h = hs_or_logits[sel]  # (tokens, H)
         lp, ent = linear_logprobs(
             h,
             lm_head.weight,
@@ -319,16 +328,100 @@ class GRPOTrainer:
             ent = ent.new_zeros(n * C).index_put((flat,), ent).view(n, C)
         return logp, ent
 
+    def _shared_prompts(self, model, p_ids, p_mask):
+        """(first row of each distinct prompt, (n,) index of each row's prompt) when rows
+        share prompts and the shared-prompt forward applies, else None."""
+        if not self.cfg.share_prompt_forward or p_ids.shape[1] < 2:
+            return None
+        if _checkpointing(model):
+            return None  # checkpointed layers run without a KV cache
+        key = torch.cat([p_ids, p_mask], dim=1)
+        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+        if uniq.shape[0] == p_ids.shape[0]:
+            return None
+        first = torch.full((uniq.shape[0],), p_ids.shape[0], dtype=torch.long)
+        first = first.scatter_reduce(0, inverse, torch.arange(p_ids.shape[0]), "amin")
+        return first, inverse
+
+    def _forward_shared_prompts(self, model, head, p_ids, p_mask, c_ids, c_mask, shared):
+        """The same numbers as one forward over [prompt | completion] rows, with each
+        distinct prompt computed once: its tokens but the last run through the model for the
+        distinct prompts only, the KV cache is indexed out to every row (autograd sums the
+        rows' gradients back into the shared prompt), then each row runs [last prompt token |
+        completion] against it. Returns the hidden states (fused head) or logits predicting
+        ``c_ids``, (n, ck, .)."""
+        first, inverse = shared
+        ck = c_ids.shape[1]
+        pre_ids, pre_mask = p_ids[first, :-1], p_mask[first, :-1]  # (u, pk-1)
+        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+        ids = torch.cat([p_ids[:, -1:], c_ids], dim=1)  # (n, ck+1)
+        attn = torch.cat([p_mask, c_mask], dim=1)  # (n, pk+ck): the cached columns and these
+        start = p_mask.sum(-1, keepdim=True) - 1  # position of the last prompt token
+        pos = start + torch.arange(ck + 1, device=ids.device)[None]
+        net = model if head is None else head[0]
+        extra = {"logits_to_keep": 1} if head is None else {}
+        with autocast(ids.device.type, self.amp_dtype):
+            cache = net(
+                input_ids=pre_ids,
+                attention_mask=pre_mask,
+                position_ids=pre_pos,
+                use_cache=True,
+                **extra,
+            ).past_key_values
+            cache.batch_select_indices(inverse)
+            out = net(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                **({"logits_to_keep": 0} if head is None else {}),
+            )
+        return (out.logits if head is None else out.last_hidden_state)[:, :ck]
+
     def _micro_batches(self, ro: Rollout, keep_order: bool = False) -> list[torch.Tensor]:
-        """Row indices of each micro-batch. Rows are grouped by total length (longest
-        first) so each micro-batch pads to its own longest sequence; the loss sums are the
-        same in any grouping except ``bnpo``'s per-micro-batch mean (``keep_order``)."""
+        """Row indices of each micro-batch. The loss sums are the same in any grouping except
+        ``bnpo``'s per-micro-batch mean (``keep_order``), so rows are ordered to make the
+        forward passes cheap: each micro-batch pads to its own longest prompt and completion,
+        and with ``share_prompt_forward`` each distinct prompt in it runs once. Of three
+        orders (by total length, by completion length, whole groups by their longest
+        completion) the one with the fewest token positions to compute is used."""
         N, mb = ro.completion_ids.shape[0], self.cfg.per_device_train_batch_size
         if keep_order:
             order = torch.arange(N)
-        else:
-            total = ro.prompt_mask.sum(-1) + ro.completion_mask.sum(-1)
-            order = torch.argsort(total, descending=True, stable=True)
+            return [order[s : s + mb] for s in range(0, N, mb)]
+        plen = ro.prompt_mask.sum(-1)
+        clen = ro.completion_mask.sum(-1)
+        G = max(1, self.cfg.num_generations)
+        group = torch.arange(N) // G
+        by_group = torch.argsort(clen, descending=True, stable=True)
+        gmax = torch.zeros(int(group.max()) + 1, dtype=clen.dtype).scatter_reduce(
+            0, group, clen, "amax"
+        )
+        by_group = by_group[
+            torch.argsort(
+                gmax[group[by_group]] * (N + 1) - group[by_group], descending=True, stable=True
+            )
+        ]
+        candidates = [
+            torch.argsort(plen + clen, descending=True, stable=True),
+            torch.argsort(clen, descending=True, stable=True),
+            by_group,
+        ]
+        share = self.cfg.share_prompt_forward
+
+        def cost(order: torch.Tensor) -> int:
+            total = 0
+            for s in range(0, N, mb):
+                idx = order[s : s + mb]
+                pk, ck = int(plen[idx].max()), int(clen[idx].max())
+                if share:
+                    total += int(group[idx].unique().numel()) * (pk - 1) + len(idx) * (ck + 1)
+                else:
+                    total += len(idx) * (pk + ck)
+            return total
+
+        order = min(candidates, key=cost)  # ties: the first (min keeps the earliest)
         return [order[s : s + mb] for s in range(0, N, mb)]
 
     @torch.no_grad()
@@ -794,10 +887,11 @@ def _release_freed_memory(base: int | None) -> int | None:
     ``./run`` keeps freed memory in the heap (``MALLOC_TRIM_THRESHOLD_`` and
     ``MALLOC_MMAP_THRESHOLD_`` at 16 GB) because fresh pages cost a page fault each (training
     20 s -> 15 s a step). Tensors of a different size every step then fragment the heap, and
-    the default run's RSS grew by ~0.12 GB a step (8.9 GB after 40 steps). Trimming every step
-    cost ~30% of the training phase; so the free pages are returned only when the RSS after a
-    step is more than 1 GiB above ``base`` (the RSS after the last trim, or after the first
-    step). Returns the new base. No-op off glibc/Linux."""
+    the default run's RSS grew by ~0.12 GB a step (8.9 GB after 40 steps). Trimming returns
+    every free page, which the next step faults in again (trimming every step cost ~30% of the
+    training phase), so it runs only when the RSS after a step is more than 1 GiB above
+    ``base``, the RSS after the first step (a step's working set, heap included). Returns the
+    base. No-op off glibc/Linux."""
     global _LIBC
     rss = _rss_bytes()
     if rss is None or base is None:
@@ -814,10 +908,17 @@ def _release_freed_memory(base: int | None) -> int | None:
             _LIBC = False
     if _LIBC:
         _LIBC.malloc_trim(0)
-        base = _rss_bytes() or rss
-        log.info("released freed heap memory: RSS %.2f -> %.2f GB", rss / 1e9, base / 1e9)
-        return base
-    return rss
+        log.info(
+            "released freed heap memory: RSS %.2f -> %.2f GB", rss / 1e9, (_rss_bytes() or 0) / 1e9
+        )
+    return base
+
+
+def _checkpointing(model) -> bool:
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # new, old name
+        if hasattr(type(getattr(model, "get_base_model", lambda: model)()), name):
+            return bool(getattr(model, name))
+    return False
 
 
 def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -70,7 +70,12 @@ def test_fused_head_matches_model_forward(tmp_path, tiny_model_dir, overrides, a
 
 def test_micro_batches_group_by_length_except_bnpo(tmp_path, tiny_model_dir):
     tr = GRPOTrainer(
-        tiny_run_config(tiny_model_dir, tmp_path / "run", per_device_train_batch_size=4)
+        tiny_run_config(
+            tiny_model_dir,
+            tmp_path / "run",
+            per_device_train_batch_size=4,
+            share_prompt_forward=False,
+        )
     )
     ro = _rollout(tr, n=6)
     parts = tr._micro_batches(ro)
@@ -82,3 +87,89 @@ def test_micro_batches_group_by_length_except_bnpo(tmp_path, tiny_model_dir):
     with torch.no_grad():
         whole = tr.completion_logps(tr.model, ro, slice(None))[0]
     torch.testing.assert_close(tr._logps_no_grad(tr.model, ro), whole, atol=1e-5, rtol=0)
+
+
+def _grouped_rollout(tr, G=4, seed=1):
+    """3 prompts x G completions (groups contiguous, as engines return them); prompts of
+    different lengths (left padding), completions of different lengths, one truncated."""
+    g = torch.Generator().manual_seed(seed)
+    V, P, C = tr.model.config.vocab_size, 9, 10
+    p_len = torch.tensor([5, 9, 3]).repeat_interleave(G)
+    p_mask = (torch.arange(P)[None, :] >= P - p_len[:, None]).long()
+    p_ids = (torch.randint(3, V, (3, P), generator=g).repeat_interleave(G, dim=0)) * p_mask
+    c_ids = torch.randint(3, V, (3 * G, C), generator=g)
+    eos = tr.tokenizer.eos_token_id
+    lens = torch.randint(1, C + 1, (3 * G,), generator=g)
+    lens[1] = C + 1  # no EOS: truncated
+    for i, k in enumerate(lens.tolist()):
+        if k <= C:
+            c_ids[i, k - 1] = eos
+            c_ids[i, k:] = tr.tokenizer.pad_token_id
+    c_mask, truncated = completion_mask_from_eos(c_ids, [eos])
+    return Rollout(p_ids, p_mask, c_ids, c_mask, truncated, [""] * (3 * G))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize(
+    "overrides,atol,grad_rtol",
+    [
+        ({}, 2e-5, 1e-4),
+        ({"use_peft": True, "lora_r": 4, "lora_dropout": 0.0}, 2e-5, 1e-4),
+        ({"bf16": True}, 2e-2, 3e-2),
+    ],
+    ids=["full", "lora", "bf16"],
+)
+def test_shared_prompt_forward_matches_one_forward_per_row(
+    tmp_path, tiny_model_dir, fused, overrides, atol, grad_rtol
+):
+    """Each distinct prompt computed once, its KV cache indexed out to the G rows, gives the
+    log-probs, entropies and gradients of one full forward per row."""
+    tr = GRPOTrainer(
+        tiny_run_config(
+            tiny_model_dir, tmp_path / "run", temperature=0.7, fused_logprobs=fused, **overrides
+        )
+    )
+    ro = _grouped_rollout(tr)
+    rows = torch.tensor([0, 5, 1, 9, 2, 4, 11])  # 3 distinct prompts, repeated
+    p = ro.prompt_ids[rows][:, -3:]
+    assert tr._shared_prompts(tr.model, p, ro.prompt_mask[rows][:, -3:]) is not None
+    out = {}
+    for share in (True, False):
+        tr.cfg = dataclasses.replace(tr.cfg, share_prompt_forward=share)
+        tr.model.zero_grad(set_to_none=True)
+        logp, ent = tr.completion_logps(tr.model, ro, rows, with_entropy=True)
+        mask = ro.completion_mask[rows].float()
+        (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        grads = {n: q.grad.clone() for n, q in tr.model.named_parameters() if q.grad is not None}
+        out[share] = (logp * mask, ent * mask, grads)
+        with torch.no_grad():  # the no-grad passes (reference, old log-probs) too
+            out[share] += (tr._logps_no_grad(tr.model, ro),)
+    (ls, es, gs, ns), (lu, eu, gu, nu) = out[True], out[False]
+    torch.testing.assert_close(ls, lu, atol=atol, rtol=0)
+    torch.testing.assert_close(es, eu, atol=atol * 10, rtol=0)
+    torch.testing.assert_close(ns, nu, atol=atol, rtol=0)
+    assert gs.keys() == gu.keys() and gs
+    for k in gs:
+        scale = gu[k].abs().max().clamp(min=1e-6)
+        assert ((gs[k] - gu[k]).abs().max() / scale).item() < grad_rtol, k
+
+
+def test_micro_batch_order_minimises_token_positions(tmp_path, tiny_model_dir):
+    tr = GRPOTrainer(
+        tiny_run_config(
+            tiny_model_dir, tmp_path / "run", per_device_train_batch_size=4, num_generations=4
+        )
+    )
+    ro = _grouped_rollout(tr)  # 3 prompts x 4
+    parts = tr._micro_batches(ro)
+    assert sorted(torch.cat(parts).tolist()) == list(range(12))
+    plen, clen = ro.prompt_mask.sum(-1), ro.completion_mask.sum(-1)
+
+    def shared_cost(ps):
+        return sum(
+            len(torch.unique(i // 4)) * (int(plen[i].max()) - 1) + len(i) * (int(clen[i].max()) + 1)
+            for i in ps
+        )
+
+    whole_groups = [torch.arange(4 * k, 4 * k + 4) for k in range(3)]
+    assert shared_cost(parts) <= shared_cost(whole_groups)
