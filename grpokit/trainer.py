@@ -66,7 +66,7 @@ class Batch:
     rollout: Rollout
     loss_mask: torch.Tensor  # (N, C) completion mask, zeroed for truncated rows if asked
     advantages: torch.Tensor  # (N,)
-    old_logp: torch.Tensor | None  # (N, C), only when num_iterations > 1
+    old_logp: torch.Tensor | None  # (N, C), num_iterations > 1: set by the round's first step
     ref_logp: torch.Tensor | None  # (N, C), only when beta > 0
 
 
@@ -470,9 +470,10 @@ class GRPOTrainer:
         loss_mask = ro.completion_mask.clone()
         if c.mask_truncated_completions:
             loss_mask[ro.truncated] = 0
-        old_logp = self._logps_no_grad(self.model, ro) if c.num_iterations > 1 else None
+        # With num_iterations > 1 the old log-probs are the first optimizer step's own
+        # (detached; see _optimizer_step): the policy has not changed yet, so no extra pass.
         ref_logp = self._ref_logps(ro) if c.beta > 0 else None
-        batch = Batch(ro, loss_mask, adv, old_logp, ref_logp)
+        batch = Batch(ro, loss_mask, adv, None, ref_logp)
         t3 = time.time()
 
         lengths = dist.all_gather_cat(ro.lengths.float())
@@ -530,8 +531,17 @@ class GRPOTrainer:
         acc: dict[str, float] = {}
         loss_total, tok_total = 0.0, 0.0
         finite = True
+        # first step of a round with num_iterations > 1: this step's log-probs, detached, are
+        # the old log-probs of the steps after it (the ratio is exactly 1 in this one)
+        record = (
+            torch.zeros_like(b.loss_mask, dtype=torch.float32)
+            if (c.num_iterations > 1 and b.old_logp is None)
+            else None
+        )
         for sl in self._micro_batches(b.rollout, keep_order=c.loss_type == "bnpo"):
             logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
+            if record is not None:
+                record[sl] = logp.detach()
             loss, m = policy_loss(
                 logp,
                 None if b.old_logp is None else b.old_logp[sl],
@@ -560,6 +570,8 @@ class GRPOTrainer:
             tok_total += ntok
             for k, v in m.items():
                 acc[k] = acc.get(k, 0.0) + v.item() * ntok
+        if record is not None and finite:
+            b.old_logp = record  # (a skipped micro-batch loop leaves it None: recorded again)
         finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)).item() == 0.0)
         grad_norm = torch.tensor(float("nan"))
         if finite:

@@ -149,3 +149,23 @@ def test_nonfinite_steps_are_skipped_dumped_and_stop_the_run(tmp_path, tiny_mode
         assert torch.equal(p, before[n]), n
     rows = [json.loads(x) for x in (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["loss"] is None and rows[0]["skipped_steps"] == 1
+
+
+def test_old_logps_are_the_first_steps_own(tmp_path, tiny_model_dir):
+    """With num_iterations > 1 the round's first optimizer step records its log-probs as the
+    old log-probs: they equal a separate no-grad pass over the policy before the update."""
+    from grpokit.testing import tiny_run_config
+    from grpokit.trainer import GRPOTrainer
+
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "r", num_iterations=2))
+    batch, _, _ = tr._rollout_and_score(tr._next_rows())
+    assert batch.old_logp is None
+    with torch.no_grad():
+        expected = tr._logps_no_grad(tr.model, batch.rollout)
+    tr._optimizer_step(batch)
+    mask = batch.rollout.completion_mask.bool()
+    assert batch.old_logp is not None and mask.any()
+    torch.testing.assert_close(batch.old_logp[mask], expected[mask], atol=1e-5, rtol=0)
+    kept = batch.old_logp.clone()
+    m = tr._optimizer_step(batch)  # the second step uses them; they are not overwritten
+    assert torch.equal(batch.old_logp, kept) and m["loss"] == m["loss"]
