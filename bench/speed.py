@@ -176,6 +176,7 @@ def child_grpokit(spec: dict) -> dict:
                 "training": m["time/training"],
                 "tokens": m.get("tokens_generated", 0.0),
                 "prompt_tokens": m.get("tokens_prompt", 0.0),
+                "forward_positions": m.get("tokens_forward"),
                 "mean_length": m.get("completions/mean_length"),
             }
             s["other"] = s["step"] - sum(s[k] for k in PHASES[:-1])
@@ -420,9 +421,14 @@ def child_check(spec: dict) -> dict:
     c_mask = (torch.arange(C)[None] < lengths[:, None]).long()
     c_ids = torch.randint(0, 20000, (N, C)).masked_fill(c_mask == 0, pad)
     ro = Rollout(p_ids, p_mask, c_ids, c_mask, lengths == C, [""] * N)
-    fake = types.SimpleNamespace(
-        cfg=types.SimpleNamespace(temperature=temp, fused_logprobs=True), amp_dtype=None
+    # grpokit's own log-prob code on TRL's model: a bare trainer object with only the config
+    # fields completion_logps reads (the shared-prompt forward is on, as in the timed runs)
+    fake = object.__new__(GKTrainer)
+    fake.cfg = types.SimpleNamespace(
+        temperature=temp, fused_logprobs=True, share_prompt_forward=True
     )
+    fake.amp_dtype = None
+    fake.train_positions = 0
     with torch.no_grad():
         base, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
     old = (base + 0.3 * torch.randn_like(base)) * c_mask
@@ -566,9 +572,26 @@ def summarize(res: dict, mu: int, warmup_rounds: int = 1) -> dict:
             flops = 6 * res["body_params"] * (prompt + comp) + 6 * res["head_params"] * comp
             rates.append(flops * mu / sum(s["training"] for s in r) / 1e9)
         out["train_gflops"] = statistics.median(rates)
+        if all(s.get("forward_positions") for r in rounds for s in r):
+            # what the training forwards executed: the token positions they ran (each
+            # distinct prompt once per micro-batch with the shared-prompt forward, padding
+            # included), the output layer for completion tokens only
+            rates = [
+                sum(
+                    6 * res["body_params"] * s["forward_positions"]
+                    + 6 * res["head_params"] * r[0]["tokens"]
+                    for s in r
+                )
+                / sum(s["training"] for s in r)
+                / 1e9
+                for r in rounds
+            ]
+            out["exec_gflops"] = statistics.median(rates)
         peak = res.get("matmul_gflops", {}).get("bf16")
         if peak:
             out["train_of_peak"] = out["train_gflops"] / peak
+            if "exec_gflops" in out:
+                out["exec_of_peak"] = out["exec_gflops"] / peak
             out["matmul_bf16_gflops"] = peak
     return out
 
@@ -602,8 +625,10 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     row("other s", "other")
     row("tokens generated / s", "tokens_per_s", "{:.0f}")
     row("mean completion length", "mean_length", "{:.1f}")
-    row("training GFLOP/s (6 x params x tokens)", "train_gflops", "{:.0f}")
+    row("training GFLOP/s, model FLOPs (6 x params x each row's tokens)", "train_gflops", "{:.0f}")
     row("... of this machine's bf16 matmul GFLOP/s", "train_of_peak", "{:.0%}")
+    row("training GFLOP/s executed (6 x params x positions run)", "exec_gflops", "{:.0f}")
+    row("... of this machine's bf16 matmul GFLOP/s ", "exec_of_peak", "{:.0%}")
     row("**peak RSS GB**", "rss_gb", src="top")
     row("setup s (load, not timed)", "setup_seconds", "{:.1f}", src="top")
     n = [str(r["summary"].get("rounds", 0)) if r else "0" for r in (g, t)]

@@ -202,6 +202,7 @@ class GRPOTrainer:
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = build_optimizer(self.params, self.cfg)
+        self.train_positions = 0  # token positions through the model in training forwards
         self._rss_base: int | None = None  # RSS after the first step (heap trimming, below)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, self.total_steps)
 
@@ -282,6 +283,9 @@ class GRPOTrainer:
         c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
         head = _fused_head(model) if self.cfg.fused_logprobs else None
         shared = self._shared_prompts(model, p_ids, p_mask)
+        if torch.is_grad_enabled():  # token positions the training forward computes
+            u = n if shared is None else shared[0].numel()
+            self.train_positions += u * (pk - 1) + n * (ck + 1)
         if shared is not None:
             hs_or_logits = self._forward_shared_prompts(
                 model, head, p_ids, p_mask, c_ids, c_mask, shared
@@ -531,6 +535,7 @@ class GRPOTrainer:
         acc: dict[str, float] = {}
         loss_total, tok_total = 0.0, 0.0
         finite = True
+        positions0 = self.train_positions
         # first step of a round with num_iterations > 1: this step's log-probs, detached, are
         # the old log-probs of the steps after it (the ratio is exactly 1 in this one)
         record = (
@@ -612,6 +617,9 @@ class GRPOTrainer:
             truncated_prompts=self.counters.get("truncated_prompts", 0),
         )
         out["time/training"] = time.time() - t0
+        out["tokens_forward"] = dist.all_reduce_sum(
+            torch.tensor(float(self.train_positions - positions0))
+        ).item()
         self._rss_base = _release_freed_memory(self._rss_base)
         return out
 
