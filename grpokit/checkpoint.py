@@ -152,10 +152,10 @@ def load_model_weights(model, ckpt: Path, is_peft: bool) -> None:
 def load_trainer_files(ckpt: Path) -> dict[str, Any]:
     return {
         "state": json.loads((ckpt / STATE_FILE).read_text()),
-        "optimizer": torch.load(ckpt / "optimizer.pt", weights_only=False),
-        "scheduler": torch.load(ckpt / "scheduler.pt", weights_only=False),
-        "rng": torch.load(ckpt / "rng.pt", weights_only=False),
-        "ref_model": torch.load(ckpt / "ref_model.pt", weights_only=False)
+        "optimizer": torch.load(ckpt / "optimizer.pt", weights_only=False, map_location="cpu"),
+        "scheduler": torch.load(ckpt / "scheduler.pt", weights_only=False, map_location="cpu"),
+        "rng": torch.load(ckpt / "rng.pt", weights_only=False, map_location="cpu"),
+        "ref_model": torch.load(ckpt / "ref_model.pt", weights_only=False, map_location="cpu")
         if (ckpt / "ref_model.pt").exists()
         else None,
         "config_yaml": (ckpt / "config.yaml").read_text(),

@@ -77,7 +77,8 @@ class Stop(Exception):
 class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, *, resume: str | bool | None = None, stream=None):
         self.cfg = cfg
-        dist.init()
+        self.device = dist.resolve_device(cfg.device)  # a missing GPU fails before any work
+        dist.init(self.device)
         torch.manual_seed(cfg.seed)
         if cfg.torch_num_threads:
             torch.set_num_threads(cfg.torch_num_threads)
@@ -170,6 +171,7 @@ class GRPOTrainer:
             trust_remote_code=c.trust_remote_code,
             chat_template=c.chat_template,
         )
+        self.model.to(self.device)
         self.model.train()
         self.ref_model = None
         if c.beta > 0 and not c.use_peft:  # with LoRA the reference is the adapter-disabled base
@@ -325,7 +327,7 @@ class GRPOTrainer:
         same in any grouping except ``bnpo``'s per-micro-batch mean (``keep_order``)."""
         N, mb = ro.completion_ids.shape[0], self.cfg.per_device_train_batch_size
         if keep_order:
-            order = torch.arange(N)
+            order = torch.arange(N, device=ro.completion_ids.device)
         else:
             total = ro.prompt_mask.sum(-1) + ro.completion_mask.sum(-1)
             order = torch.argsort(total, descending=True, stable=True)
@@ -382,7 +384,7 @@ class GRPOTrainer:
         total = combine(all_rewards, self.reward_weights)  # (N_global,)
         adv_all = group_advantages(total, G, c.scale_rewards_mode)
         N = rewards.shape[0]
-        adv = adv_all[dist.rank() * N : (dist.rank() + 1) * N]
+        adv = adv_all[dist.rank() * N : (dist.rank() + 1) * N].to(self.device)
         t2 = time.time()
 
         loss_mask = ro.completion_mask.clone()

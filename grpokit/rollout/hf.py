@@ -88,7 +88,10 @@ class HFRolloutEngine:
         params: SamplingParams,
         num_generations: int = 1,
     ) -> Rollout:
-        """prompt_ids/prompt_mask: (B, P) left-padded. Returns a Rollout of N = B*G rows."""
+        """prompt_ids/prompt_mask: (B, P) left-padded, on any device. Returns a Rollout of
+        N = B*G rows on the policy's device."""
+        dev = next(self.model.parameters()).device
+        prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
         ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (N, P)
         mask = prompt_mask.repeat_interleave(num_generations, dim=0)
         model, amp = self._sampling_model()

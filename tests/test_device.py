@@ -1,0 +1,62 @@
+"""The ``device`` key: resolution, the error for a GPU torch cannot see, and CPU runs with
+device cpu and auto (this machine has no GPU; GPU placement is not run here)."""
+
+import pytest
+import torch
+
+from grpokit import distributed as dist
+from grpokit.config import ConfigError, build_config
+from grpokit.testing import tiny_run_config
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+
+
+def test_resolve_device_cpu_and_auto_without_gpu():
+    assert dist.resolve_device("cpu") == torch.device("cpu")
+    expected = torch.device("cuda", dist.local_rank()) if torch.cuda.is_available() else "cpu"
+    assert dist.resolve_device("auto") == torch.device(expected)
+
+
+@no_cuda
+@pytest.mark.parametrize("spec", ["cuda", "cuda:1"])
+def test_cuda_without_gpu_is_a_clear_error(spec):
+    with pytest.raises(ValueError, match=r"sees no CUDA GPU.*use device: cpu"):
+        dist.resolve_device(spec)
+
+
+def test_bad_device_value_is_refused_by_the_config():
+    with pytest.raises(ConfigError, match=r"device='gpu0': use auto, cpu, cuda or cuda:N"):
+        build_config({"device": "gpu0"})
+
+
+@no_cuda
+def test_trainer_refuses_cuda_before_loading_anything(tmp_path, tiny_model_dir):
+    from grpokit.trainer import GRPOTrainer
+
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", device="cuda")
+    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+        GRPOTrainer(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("spec", ["cpu", "auto"])
+def test_cpu_run_places_everything_on_the_resolved_device(tmp_path, tiny_model_dir, spec):
+    from grpokit.trainer import GRPOTrainer
+
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", device=spec, beta=0.04, save_steps=1)
+    tr = GRPOTrainer(cfg)
+    want = dist.resolve_device(spec)
+    assert tr.device == want
+    tr.train()
+    for m in (tr.model, tr.ref_model):
+        assert {p.device for p in m.parameters()} == {want}
+    assert {s["exp_avg"].device for s in tr.optimizer.state.values()} == {want}
+    # a checkpoint loads back onto the device of the resuming run (map_location + load)
+    tr2 = GRPOTrainer(
+        tiny_run_config(tiny_model_dir, tmp_path / "run", device=spec, beta=0.04, max_steps=3),
+        resume=True,
+    )
+    assert tr2.step == 2
+    assert {s["exp_avg"].device for s in tr2.optimizer.state.values()} == {want}
+    for a, b in zip(tr.model.parameters(), tr2.model.parameters()):
+        torch.testing.assert_close(a, b)
