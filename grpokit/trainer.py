@@ -780,7 +780,12 @@ class GRPOTrainer:
             return self.model, None
         model = self.sharded.unwrap(self.model)
         if self.launch.engine == "fsdp" or self.launch.zero_stage == 3:
-            return model, self.sharded.full_state_dict(self.model)
+            sd = self.sharded.full_state_dict(self.model)
+            # tied weights (lm_head = embeddings) once, as save_pretrained writes them itself
+            seen, dup = set(), []
+            for name, p in model.named_parameters(remove_duplicate=False):
+                (dup.append(name) if id(p) in seen else seen.add(id(p)))
+            return model, {k: v for k, v in sd.items() if k not in dup}
         return model, None
 
     # ------------------------------------------------------------------ signals

@@ -25,25 +25,19 @@ def _rows(out):
     return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_accelerate_launch_two_cpu_processes_match_one_process(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory, tiny_model_dir):
+    """The reference: one process, global batch 8 (the fake sampler of _dist_worker.py)."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(HERE / "_dist_worker.py"), tiny_model_dir, str(out), "8"]
+    subprocess.run(cmd, check=True, env=env, timeout=300)
+    return out
+
+
+def _assert_same_run(one, two):
     from safetensors.torch import load_file
 
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
-    worker = str(HERE / "_dist_worker.py")
-    one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(
-        [sys.executable, worker, tiny_model_dir, str(one), "8"], check=True, env=env, timeout=300
-    )
-    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
-    cmd += ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", "29547"]
-    p = subprocess.run(
-        [*cmd, worker, tiny_model_dir, str(two), "4"],
-        env=env,
-        timeout=300,
-        capture_output=True,
-        text=True,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
     a, b = _rows(one), _rows(two)
     assert [r["step"] for r in b] == [1, 2, 3]  # rank 0 alone writes the log
     for ra, rb in zip(a, b):
@@ -56,6 +50,35 @@ def test_accelerate_launch_two_cpu_processes_match_one_process(tmp_path, tiny_mo
     assert set(wa) == set(wb)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=1e-4, msg=k)
+
+
+def _run(cmd, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_accelerate_launch_two_cpu_processes_match_one_process(
+    tmp_path, tiny_model_dir, one_process_run
+):
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    cmd += ["--config_file", str(CONFIGS / "cpu_2proc.yaml"), "--main_process_port", "29547"]
+    _run([*cmd, str(HERE / "_dist_worker.py"), tiny_model_dir, str(two), "4"])
+    _assert_same_run(one_process_run, two)
+
+
+def test_fsdp2_sharded_path_two_cpu_ranks_match_one_process(
+    tmp_path, tiny_model_dir, one_process_run
+):
+    """grpokit's sharded path with real FSDP2 on 2 gloo ranks (see _fsdp_cpu_worker.py for
+    the accelerate calls made directly there) = one process: metrics, saved full weights,
+    and the sampling copy refreshed from gathered parameters."""
+    two = tmp_path / "fsdp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    cmd += ["--master_port", "29548", str(HERE / "_fsdp_cpu_worker.py")]
+    _run([*cmd, tiny_model_dir, str(two), "4"])
+    _assert_same_run(one_process_run, two)
 
 
 def _accelerate_env(config: Path) -> dict[str, str]:
