@@ -64,7 +64,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         return 2
     from grpokit.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(cfg, resume=resume)
+    try:
+        trainer = GRPOTrainer(cfg, resume=resume)
+    except ConfigError as e:  # device and launch checks, before any model loads
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     result = trainer.train()
     return 130 if result.get("stopped") else 0
 
@@ -86,6 +90,7 @@ def _run_config(spec: str | None) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.distributed import resolve_device
     from grpokit.evaluation import evaluate, format_comparison, save_eval
     from grpokit.models import load_model_and_tokenizer
     from grpokit.rewards import get_reward_funcs
@@ -116,12 +121,18 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     rows = task.build(args.split, limit=args.max_eval_samples)
     funcs = get_reward_funcs(list(task.default_reward_funcs))
     models = args.compare if args.compare else [args.model]
+    try:
+        device = resolve_device(args.device)  # a GPU torch cannot see fails before loading
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     results = {}
     labels = [spec if len(models) == 1 else f"[{chr(65 + i)}]" for i, spec in enumerate(models)]
     for label, spec in zip(labels, models):
         if len(models) > 1:
             print(f"{label} = {spec}")
         model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype)
+        model.to(device)
         print(
             f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts",
             flush=True,
@@ -146,6 +157,7 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.data import render_prompts, tokenize_prompts
+    from grpokit.distributed import resolve_device
     from grpokit.models import load_model_and_tokenizer
     from grpokit.rollout.base import SamplingParams
     from grpokit.rollout.hf import HFRolloutEngine
@@ -162,7 +174,13 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
 
         t = get_task(args.task)
         system = t.system_prompt if t.system_prompt is not None else t.default_system_prompt
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model, tok, src = load_model_and_tokenizer(args.model, dtype=args.torch_dtype)
+    model.to(device)
     msgs = [
         ([{"role": "system", "content": system}] if system else [])
         + [{"role": "user", "content": p}]
@@ -275,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max_completion_length", type=int, default=256)
     e.add_argument("--batch_size", type=int, default=32)
     e.add_argument("--torch_dtype", default="float32")
+    e.add_argument(
+        "--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:N"
+    )
     e.add_argument("--seed", type=int, default=None)
     e.add_argument("--output", default=None, help="write results as JSON")
     g = sub.add_parser("generate", help="sample from a model with the training chat template")
@@ -289,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--greedy", action="store_true")
     g.add_argument("--num_samples", type=int, default=1)
     g.add_argument("--torch_dtype", default="float32")
+    g.add_argument(
+        "--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:N"
+    )
     pl = sub.add_parser(
         "plan",
         help="batch arithmetic + memory estimate per device, without loading weights",

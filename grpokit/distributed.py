@@ -15,6 +15,8 @@ import re
 import torch
 import torch.distributed as dist
 
+from grpokit.config import ConfigError
+
 _COMM_DEVICE = torch.device("cpu")
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
@@ -29,11 +31,11 @@ def resolve_device(spec: str) -> torch.device:
     cannot see is an error naming the fix."""
     spec = str(spec).strip().lower()
     if not DEVICE_RE.match(spec):
-        raise ValueError(f"device={spec!r}: use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"device={spec!r}: use auto, cpu, cuda or cuda:N")
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError(
+        raise ConfigError(
             f"device={spec!r} but torch {torch.__version__} sees no CUDA GPU "
             f"(built with CUDA {torch.version.cuda}); use device: cpu (or auto), or install "
             "a CUDA build of torch on a machine with a GPU"
@@ -41,7 +43,7 @@ def resolve_device(spec: str) -> torch.device:
     idx = int(spec.split(":")[1]) if ":" in spec else local_rank()
     n = torch.cuda.device_count()
     if idx >= n:
-        raise ValueError(
+        raise ConfigError(
             f"device={spec!r} (LOCAL_RANK {local_rank()}) but torch sees {n} GPU(s); "
             "launch at most one process per GPU, or check CUDA_VISIBLE_DEVICES"
         )

@@ -60,3 +60,27 @@ def test_cpu_run_places_everything_on_the_resolved_device(tmp_path, tiny_model_d
     assert {s["exp_avg"].device for s in tr2.optimizer.state.values()} == {want}
     for a, b in zip(tr.model.parameters(), tr2.model.parameters()):
         torch.testing.assert_close(a, b)
+
+
+@no_cuda
+def test_cli_train_eval_generate_refuse_cuda_without_gpu(tmp_path, tiny_model_dir, capsys):
+    import yaml
+
+    from grpokit.cli import main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": tiny_model_dir, "task": "arithmetic"}))
+    out = str(tmp_path / "run")
+    assert main(["train", str(recipe), "--device", "cuda", "--output_dir", out]) == 2
+    assert "config error: device='cuda' but torch" in capsys.readouterr().err
+    assert main(["generate", tiny_model_dir, "1+1?", "--device", "cuda:0"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
+    assert main(["eval", tiny_model_dir, "--task", "arithmetic", "--device", "cuda"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
+
+
+def test_cli_generate_on_device_cpu(tiny_model_dir, capsys):
+    from grpokit.cli import main
+
+    rc = main(["generate", tiny_model_dir, "1+1?", "--device", "cpu", "--max_new_tokens", "3"])
+    assert rc == 0 and capsys.readouterr().out.strip()
