@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -201,12 +202,24 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-_PLAN_DEFAULTS = dict(device_memory=None, zero_stage=0, num_processes=None, prompt_length=None)
+_PLAN_DEFAULTS = dict(
+    device_memory=None,
+    zero_stage=0,
+    num_processes=None,
+    prompt_length=None,
+    accelerate_config=None,
+)
 
 
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device_memory", default=None, help="e.g. 80GB; warn when the peak exceeds it")
     p.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
+    p.add_argument(
+        "--accelerate_config",
+        default=None,
+        help="an accelerate launch config (recipes/accelerate/*.yaml): check it against the "
+        "recipe as training will at start, and take processes and sharding from it",
+    )
     p.add_argument("--num_processes", type=int, default=None, help="default: $WORLD_SIZE or 1")
     p.add_argument(
         "--prompt_length", type=int, default=None, help="prompt tokens (default max_prompt_length)"
@@ -217,6 +230,26 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
 def _print_plan(cfg, opts: argparse.Namespace) -> int:
     from grpokit.plan import PlanError, format_plan, make_plan
 
+    launch = None
+    if getattr(opts, "accelerate_config", None):
+        import torch
+
+        from grpokit.config import ConfigError
+        from grpokit.engines import check_launch, launch_from_accelerate_config
+
+        try:
+            launch, nproc = launch_from_accelerate_config(opts.accelerate_config)
+            # the processes of a launch config run on GPUs (cpu_2proc.yaml: data parallel);
+            # deepspeed needs installing where training runs, not necessarily here
+            check_launch(cfg, launch, torch.device("cuda", 0), deepspeed_installed=True)
+        except (ConfigError, FileNotFoundError, ValueError) as e:
+            print(f"launch error ({opts.accelerate_config}): {e}", file=sys.stderr)
+            return 2
+        opts.num_processes = opts.num_processes or nproc
+        if launch.engine == "fsdp" or launch.zero_stage == 3:
+            opts.zero_stage = 3  # FSDP shards weights, gradients and optimizer like ZeRO-3
+        elif launch.zero_stage:
+            opts.zero_stage = launch.zero_stage
     try:
         plan = make_plan(
             cfg,
@@ -232,6 +265,10 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
         print(json.dumps({"config": cfg.to_dict(), "plan": plan.to_dict()}, indent=1))
     else:
         print(format_plan(plan, cfg))
+        if launch is not None:
+            print(f"launch: {launch.describe()} over {opts.num_processes} processes (checked)")
+            if launch.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+                print("note: deepspeed is not installed here; training needs pip install deepspeed")
     return 0
 
 

@@ -19,6 +19,7 @@ accelerate tells the processes what it launched through environment variables
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Iterator, Mapping
@@ -61,6 +62,24 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
     if _flag(env, "ACCELERATE_USE_FSDP"):
         return Launch("fsdp", fsdp_version=int(env.get("FSDP_VERSION", "1")), mixed_precision=mp)
     return Launch("data_parallel", mixed_precision=mp)
+
+
+def launch_from_accelerate_config(path: str) -> tuple[Launch, int]:
+    """(launch, num_processes) of an accelerate config file, read with accelerate's loader:
+    what ``accelerate launch --config_file path`` will start (for ``grpokit plan``)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    c = load_config_from_file(path)
+    kind = getattr(c.distributed_type, "value", str(c.distributed_type))
+    mp = str(getattr(c.mixed_precision, "value", c.mixed_precision) or "no").lower()
+    if kind == "DEEPSPEED":
+        stage = (c.deepspeed_config or {}).get("zero_stage")
+        launch = Launch("deepspeed", zero_stage=None if stage is None else int(stage))
+    elif kind == "FSDP":
+        launch = Launch("fsdp", fsdp_version=int((c.fsdp_config or {}).get("fsdp_version", 1)))
+    else:
+        launch = Launch("data_parallel")
+    return dataclasses.replace(launch, mixed_precision=mp), int(c.num_processes or 1)
 
 
 def check_launch(

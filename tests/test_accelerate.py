@@ -180,3 +180,28 @@ def test_trainer_refuses_a_sharded_launch_on_cpu_before_loading(tmp_path, tiny_m
             GRPOTrainer(cfg)
     finally:
         mp.undo()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_config_file_and_launcher_env_agree(name):
+    """grpokit plan reads the yaml; training reads the launcher's environment: same launch."""
+    from grpokit.engines import launch_from_accelerate_config
+
+    launch, nproc = launch_from_accelerate_config(str(CONFIGS / name))
+    assert launch == launch_from_env(_accelerate_env(CONFIGS / name)) == EXPECTED[name][1]
+    assert nproc == (2 if name == "cpu_2proc.yaml" else 8)
+
+
+def test_plan_with_accelerate_config(capsys, tmp_path):
+    from grpokit.cli import main
+
+    recipe = str(HERE.parent / "recipes" / "default.yaml")
+    assert main(["plan", recipe, "--accelerate_config", str(CONFIGS / "fsdp.yaml"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["plan"]["zero_stage"] == 3 and d["plan"]["batch"]["num_processes"] == 8
+    # sharded weights: sampling needs a whole copy of the weights on every GPU
+    assert d["plan"]["memory"]["sampling_copy"] >= d["plan"]["memory"]["weights"] * 8 // 2
+    lora = str(HERE.parent / "recipes" / "smoltldr_lora.yaml")
+    assert main(["plan", lora, "--accelerate_config", str(CONFIGS / "deepspeed_zero3.yaml")]) == 2
+    assert "use_peft with DeepSpeed ZeRO-3" in capsys.readouterr().err
+    assert main(["plan", lora, "--accelerate_config", str(CONFIGS / "deepspeed_zero2.yaml")]) == 0
