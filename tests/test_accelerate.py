@@ -25,16 +25,6 @@ def _rows(out):
     return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def one_process_run(tmp_path_factory, tiny_model_dir):
-    """The reference: one process, global batch 8 (the fake sampler of _dist_worker.py)."""
-    out = tmp_path_factory.mktemp("one") / "run"
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(HERE / "_dist_worker.py"), tiny_model_dir, str(out), "8"]
-    subprocess.run(cmd, check=True, env=env, timeout=300)
-    return out
-
-
 def _assert_same_run(one, two):
     from safetensors.torch import load_file
 
