@@ -111,6 +111,8 @@ def test_shipped_accelerate_config(name, tmp_path):
     if dtype == "DEEPSPEED":
         assert c.deepspeed_config["zero_stage"] == want.zero_stage
         assert c.deepspeed_config["offload_optimizer_device"] == "none"
+        if want.zero_stage == 3:  # whole weights gathered when saving
+            assert c.deepspeed_config["zero3_save_16bit_model"] is True
     if dtype == "FSDP":
         assert c.fsdp_config["fsdp_version"] == 2
         assert c.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
