@@ -34,6 +34,13 @@ def resolve_device(spec: str) -> torch.device:
         raise ConfigError(f"device={spec!r}: use auto, cpu, cuda or cuda:N")
     if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
+    nproc = int(os.environ.get("WORLD_SIZE", "1"))
+    if ":" in spec and nproc > 1:
+        raise ConfigError(
+            f"device={spec!r} with {nproc} processes would put them all on one GPU; use "
+            "device: auto or cuda (each process takes cuda:LOCAL_RANK), and CUDA_VISIBLE_DEVICES "
+            "to choose the GPUs"
+        )
     if not torch.cuda.is_available():
         raise ConfigError(
             f"device={spec!r} but torch {torch.__version__} sees no CUDA GPU "

@@ -84,3 +84,11 @@ def test_cli_generate_on_device_cpu(tiny_model_dir, capsys):
 
     rc = main(["generate", tiny_model_dir, "1+1?", "--device", "cpu", "--max_new_tokens", "3"])
     assert rc == 0 and capsys.readouterr().out.strip()
+
+
+def test_one_gpu_index_for_several_processes_is_refused(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match=r"all on one GPU; use device: auto or cuda"):
+        dist.resolve_device("cuda:0")
+    assert dist.resolve_device("cpu") == torch.device("cpu")
