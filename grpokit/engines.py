@@ -40,6 +40,7 @@ class Launch:
     zero_stage: int | None = None
     fsdp_version: int | None = None
     mixed_precision: str = "no"
+    gradient_accumulation_steps: int | None = None  # when the accelerate config sets it
 
     @property
     def sharded(self) -> bool:
@@ -56,12 +57,16 @@ class Launch:
 def launch_from_env(env: Mapping[str, str] | None = None) -> Launch:
     env = os.environ if env is None else env
     mp = env.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    ga = env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    ga = int(ga) if ga and ga.strip().isdigit() else None
     if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
         stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-        return Launch("deepspeed", zero_stage=int(stage) if stage else None, mixed_precision=mp)
-    if _flag(env, "ACCELERATE_USE_FSDP"):
-        return Launch("fsdp", fsdp_version=int(env.get("FSDP_VERSION", "1")), mixed_precision=mp)
-    return Launch("data_parallel", mixed_precision=mp)
+        launch = Launch("deepspeed", zero_stage=int(stage) if stage else None)
+    elif _flag(env, "ACCELERATE_USE_FSDP"):
+        launch = Launch("fsdp", fsdp_version=int(env.get("FSDP_VERSION", "1")))
+    else:
+        launch = Launch("data_parallel")
+    return dataclasses.replace(launch, mixed_precision=mp, gradient_accumulation_steps=ga)
 
 
 def launch_from_accelerate_config(path: str) -> tuple[Launch, int]:
@@ -72,14 +77,18 @@ def launch_from_accelerate_config(path: str) -> tuple[Launch, int]:
     c = load_config_from_file(path)
     kind = getattr(c.distributed_type, "value", str(c.distributed_type))
     mp = str(getattr(c.mixed_precision, "value", c.mixed_precision) or "no").lower()
+    ga = None
     if kind == "DEEPSPEED":
         stage = (c.deepspeed_config or {}).get("zero_stage")
         launch = Launch("deepspeed", zero_stage=None if stage is None else int(stage))
+        g = (c.deepspeed_config or {}).get("gradient_accumulation_steps")
+        ga = int(g) if isinstance(g, int) or (isinstance(g, str) and g.isdigit()) else None
     elif kind == "FSDP":
         launch = Launch("fsdp", fsdp_version=int((c.fsdp_config or {}).get("fsdp_version", 1)))
     else:
         launch = Launch("data_parallel")
-    return dataclasses.replace(launch, mixed_precision=mp), int(c.num_processes or 1)
+    launch = dataclasses.replace(launch, mixed_precision=mp, gradient_accumulation_steps=ga)
+    return launch, int(c.num_processes or 1)
 
 
 def check_launch(
@@ -95,6 +104,13 @@ def check_launch(
             f"the accelerate config sets mixed_precision: {launch.mixed_precision}; grpokit "
             "takes precision from the recipe: set mixed_precision: 'no' in the accelerate "
             "config and bf16: true in the recipe"
+        )
+    ga = launch.gradient_accumulation_steps
+    if ga is not None and ga != cfg.gradient_accumulation_steps:
+        errors.append(
+            f"the accelerate config sets gradient_accumulation_steps: {ga} but the recipe has "
+            f"{cfg.gradient_accumulation_steps}; grpokit takes it from the recipe: remove it from "
+            "the accelerate config (or make them equal)"
         )
     if launch.sharded and device.type != "cuda":
         errors.append(
@@ -146,6 +162,12 @@ class ShardedTraining:
 
         self.cfg, self.launch = cfg, launch
         self.acc = Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps)
+        if self.acc.gradient_accumulation_steps != cfg.gradient_accumulation_steps:
+            raise ConfigError(
+                f"accelerate uses gradient_accumulation_steps "
+                f"{self.acc.gradient_accumulation_steps}, the recipe "
+                f"{cfg.gradient_accumulation_steps}; remove it from the accelerate config"
+            )
         if launch.engine == "deepspeed":
             ds = self.acc.state.deepspeed_plugin.deepspeed_config
             ds["train_micro_batch_size_per_gpu"] = cfg.per_device_train_batch_size

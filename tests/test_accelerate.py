@@ -197,3 +197,21 @@ def test_plan_with_accelerate_config(capsys, tmp_path):
     assert main(["plan", lora, "--accelerate_config", str(CONFIGS / "deepspeed_zero3.yaml")]) == 2
     assert "use_peft with DeepSpeed ZeRO-3" in capsys.readouterr().err
     assert main(["plan", lora, "--accelerate_config", str(CONFIGS / "deepspeed_zero2.yaml")]) == 0
+
+
+def test_accumulation_set_in_the_accelerate_config_must_match_the_recipe(tmp_path):
+    cfg = tiny_run_config("unused", tmp_path)  # gradient_accumulation_steps 1
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"}
+    launch = launch_from_env({**env, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"})
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps: 4 but the recipe has 1"):
+        check_launch(cfg, launch, GPU, deepspeed_installed=True)
+    check_launch(cfg, launch_from_env(env), GPU, deepspeed_installed=True)
+    # the yaml route (grpokit plan) sees the same key
+    from grpokit.engines import launch_from_accelerate_config
+
+    text = (CONFIGS / "deepspeed_zero2.yaml").read_text()
+    yml = tmp_path / "ga.yaml"
+    yml.write_text(
+        text.replace("  zero_stage: 2", "  zero_stage: 2\n  gradient_accumulation_steps: 4")
+    )
+    assert launch_from_accelerate_config(str(yml))[0] == launch
