@@ -82,17 +82,21 @@ def save_checkpoint(
     config_yaml: str,
     ref_model=None,
     save_total_limit: int | None = None,
+    model_state_dict=None,
 ) -> Path:
+    """``optimizer`` None: no optimizer.pt (sharded runs); ``model_state_dict``: the whole
+    weights when ``model``'s own are sharded."""
     out = Path(output_dir)
     final = out / f"checkpoint-{step}"
     tmp = out / f".checkpoint-{step}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state_dict)
     tokenizer.save_pretrained(tmp)
     fault_point("checkpoint", step)  # model written, the rest not yet
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     if ref_model is not None:
@@ -152,10 +156,10 @@ def load_model_weights(model, ckpt: Path, is_peft: bool) -> None:
 def load_trainer_files(ckpt: Path) -> dict[str, Any]:
     return {
         "state": json.loads((ckpt / STATE_FILE).read_text()),
-        "optimizer": torch.load(ckpt / "optimizer.pt", weights_only=False),
-        "scheduler": torch.load(ckpt / "scheduler.pt", weights_only=False),
-        "rng": torch.load(ckpt / "rng.pt", weights_only=False),
-        "ref_model": torch.load(ckpt / "ref_model.pt", weights_only=False)
+        "optimizer": torch.load(ckpt / "optimizer.pt", weights_only=False, map_location="cpu"),
+        "scheduler": torch.load(ckpt / "scheduler.pt", weights_only=False, map_location="cpu"),
+        "rng": torch.load(ckpt / "rng.pt", weights_only=False, map_location="cpu"),
+        "ref_model": torch.load(ckpt / "ref_model.pt", weights_only=False, map_location="cpu")
         if (ckpt / "ref_model.pt").exists()
         else None,
         "config_yaml": (ckpt / "config.yaml").read_text(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import sys
@@ -64,7 +65,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         return 2
     from grpokit.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(cfg, resume=resume)
+    try:
+        trainer = GRPOTrainer(cfg, resume=resume)
+    except ConfigError as e:  # device and launch checks, before any model loads
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     result = trainer.train()
     return 130 if result.get("stopped") else 0
 
@@ -86,6 +91,7 @@ def _run_config(spec: str | None) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.distributed import resolve_device
     from grpokit.evaluation import evaluate, format_comparison, save_eval
     from grpokit.models import load_model_and_tokenizer
     from grpokit.rewards import get_reward_funcs
@@ -116,12 +122,18 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     rows = task.build(args.split, limit=args.max_eval_samples)
     funcs = get_reward_funcs(list(task.default_reward_funcs))
     models = args.compare if args.compare else [args.model]
+    try:
+        device = resolve_device(args.device)  # a GPU torch cannot see fails before loading
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     results = {}
     labels = [spec if len(models) == 1 else f"[{chr(65 + i)}]" for i, spec in enumerate(models)]
     for label, spec in zip(labels, models):
         if len(models) > 1:
             print(f"{label} = {spec}")
         model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype)
+        model.to(device)
         print(
             f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts",
             flush=True,
@@ -146,6 +158,7 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.data import render_prompts, tokenize_prompts
+    from grpokit.distributed import resolve_device
     from grpokit.models import load_model_and_tokenizer
     from grpokit.rollout.base import SamplingParams
     from grpokit.rollout.hf import HFRolloutEngine
@@ -162,7 +175,13 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
 
         t = get_task(args.task)
         system = t.system_prompt if t.system_prompt is not None else t.default_system_prompt
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model, tok, src = load_model_and_tokenizer(args.model, dtype=args.torch_dtype)
+    model.to(device)
     msgs = [
         ([{"role": "system", "content": system}] if system else [])
         + [{"role": "user", "content": p}]
@@ -183,12 +202,24 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-_PLAN_DEFAULTS = dict(device_memory=None, zero_stage=0, num_processes=None, prompt_length=None)
+_PLAN_DEFAULTS = dict(
+    device_memory=None,
+    zero_stage=0,
+    num_processes=None,
+    prompt_length=None,
+    accelerate_config=None,
+)
 
 
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device_memory", default=None, help="e.g. 80GB; warn when the peak exceeds it")
     p.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2, 3))
+    p.add_argument(
+        "--accelerate_config",
+        default=None,
+        help="an accelerate launch config (recipes/accelerate/*.yaml): check it against the "
+        "recipe as training will at start, and take processes and sharding from it",
+    )
     p.add_argument("--num_processes", type=int, default=None, help="default: $WORLD_SIZE or 1")
     p.add_argument(
         "--prompt_length", type=int, default=None, help="prompt tokens (default max_prompt_length)"
@@ -199,6 +230,26 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
 def _print_plan(cfg, opts: argparse.Namespace) -> int:
     from grpokit.plan import PlanError, format_plan, make_plan
 
+    launch = None
+    if getattr(opts, "accelerate_config", None):
+        import torch
+
+        from grpokit.config import ConfigError
+        from grpokit.engines import check_launch, launch_from_accelerate_config
+
+        try:
+            launch, nproc = launch_from_accelerate_config(opts.accelerate_config)
+            # the processes of a launch config run on GPUs (cpu_2proc.yaml: data parallel);
+            # deepspeed needs installing where training runs, not necessarily here
+            check_launch(cfg, launch, torch.device("cuda", 0), deepspeed_installed=True)
+        except (ConfigError, FileNotFoundError, ValueError) as e:
+            print(f"launch error ({opts.accelerate_config}): {e}", file=sys.stderr)
+            return 2
+        opts.num_processes = opts.num_processes or nproc
+        if launch.engine == "fsdp" or launch.zero_stage == 3:
+            opts.zero_stage = 3  # FSDP shards weights, gradients and optimizer like ZeRO-3
+        elif launch.zero_stage:
+            opts.zero_stage = launch.zero_stage
     try:
         plan = make_plan(
             cfg,
@@ -214,6 +265,10 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
         print(json.dumps({"config": cfg.to_dict(), "plan": plan.to_dict()}, indent=1))
     else:
         print(format_plan(plan, cfg))
+        if launch is not None:
+            print(f"launch: {launch.describe()} over {opts.num_processes} processes (checked)")
+            if launch.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+                print("note: deepspeed is not installed here; training needs pip install deepspeed")
     return 0
 
 
@@ -275,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max_completion_length", type=int, default=256)
     e.add_argument("--batch_size", type=int, default=32)
     e.add_argument("--torch_dtype", default="float32")
+    e.add_argument(
+        "--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:N"
+    )
     e.add_argument("--seed", type=int, default=None)
     e.add_argument("--output", default=None, help="write results as JSON")
     g = sub.add_parser("generate", help="sample from a model with the training chat template")
@@ -289,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--greedy", action="store_true")
     g.add_argument("--num_samples", type=int, default=1)
     g.add_argument("--torch_dtype", default="float32")
+    g.add_argument(
+        "--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:N"
+    )
     pl = sub.add_parser(
         "plan",
         help="batch arithmetic + memory estimate per device, without loading weights",

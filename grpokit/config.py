@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 import warnings
@@ -92,6 +93,9 @@ class GRPOConfig:
     lora_dropout: float = 0.05
     lora_target_modules: str | list | None = None  # None = all linear layers
     merge_lora: bool = True
+    # where this process trains: auto (cuda:LOCAL_RANK when torch sees a GPU, else cpu),
+    # cpu, cuda (= cuda:LOCAL_RANK) or cuda:N. Rewards and scoring always run on the CPU.
+    device: str = "auto"
 
     # task and data
     task: str = "gsm8k"
@@ -214,6 +218,10 @@ def _check(cond: bool, msg: str) -> None:
 
 def _validate(c: GRPOConfig) -> None:
     _check(c.torch_dtype in DTYPES, f"torch_dtype={c.torch_dtype!r}: use one of {DTYPES}")
+    _check(
+        isinstance(c.device, str) and bool(re.match(r"^(auto|cpu|cuda|cuda:\d+)$", c.device)),
+        f"device={c.device!r}: use auto, cpu, cuda or cuda:N",
+    )
     _check(c.loss_type in LOSS_TYPES, f"loss_type={c.loss_type!r}: use one of {LOSS_TYPES}")
     _check(
         c.scale_rewards_mode in ("group", "batch", "none"),

@@ -1,21 +1,75 @@
-"""torch.distributed glue (gloo on CPU, nccl on GPU); every function is a no-op in one process.
+"""torch.distributed glue (gloo on CPU, nccl on GPU) and device placement; every collective
+is a no-op in one process.
 
 Launch with ``torchrun --nproc_per_node N -m grpokit train ...`` or ``accelerate launch``:
-both set RANK / WORLD_SIZE / MASTER_ADDR, which is all this module reads.
+both set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR, which is all this module reads.
+Collectives take tensors on any device: with nccl they run on this rank's GPU and the
+result comes back on the input's device (rewards and scores stay on the CPU).
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 import torch.distributed as dist
 
+from grpokit.config import ConfigError
 
-def init() -> None:
+_COMM_DEVICE = torch.device("cpu")
+DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def resolve_device(spec: str) -> torch.device:
+    """The ``device`` config key -> a torch.device. auto = cuda:LOCAL_RANK when torch sees a
+    GPU, else cpu; cuda = cuda:LOCAL_RANK; cuda:N = that GPU. Asking for a GPU that torch
+    cannot see is an error naming the fix."""
+    spec = str(spec).strip().lower()
+    if not DEVICE_RE.match(spec):
+        raise ConfigError(f"device={spec!r}: use auto, cpu, cuda or cuda:N")
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    nproc = int(os.environ.get("WORLD_SIZE", "1"))
+    if ":" in spec and nproc > 1:
+        raise ConfigError(
+            f"device={spec!r} with {nproc} processes would put them all on one GPU; use "
+            "device: auto or cuda (each process takes cuda:LOCAL_RANK), and CUDA_VISIBLE_DEVICES "
+            "to choose the GPUs"
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={spec!r} but torch {torch.__version__} sees no CUDA GPU "
+            f"(built with CUDA {torch.version.cuda}); use device: cpu (or auto), or install "
+            "a CUDA build of torch on a machine with a GPU"
+        )
+    idx = int(spec.split(":")[1]) if ":" in spec else local_rank()
+    n = torch.cuda.device_count()
+    if idx >= n:
+        raise ConfigError(
+            f"device={spec!r} (LOCAL_RANK {local_rank()}) but torch sees {n} GPU(s); "
+            "launch at most one process per GPU, or check CUDA_VISIBLE_DEVICES"
+        )
+    return torch.device("cuda", idx)
+
+
+def init(device: torch.device | None = None) -> None:
+    """Join the process group when launched with WORLD_SIZE > 1: nccl when this rank trains
+    on a GPU (after selecting that GPU, so nccl and every default-device call use it), gloo
+    on the CPU."""
+    global _COMM_DEVICE
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend)
+    if dist.is_initialized():
+        _COMM_DEVICE = device if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def world_size() -> int:
@@ -32,8 +86,10 @@ def is_main() -> bool:
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if world_size() > 1:
-        t = t.clone()
+        src = t.device
+        t = t.to(_COMM_DEVICE, copy=True)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t = t.to(src)
     return t
 
 
@@ -41,9 +97,11 @@ def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
     """Concatenate equal-shaped tensors from every rank along dim 0 (rank order)."""
     if world_size() == 1:
         return t
+    src = t.device
+    t = t.to(_COMM_DEVICE).contiguous()
     parts = [torch.empty_like(t) for _ in range(world_size())]
-    dist.all_gather(parts, t.contiguous())
-    return torch.cat(parts, dim=0)
+    dist.all_gather(parts, t)
+    return torch.cat(parts, dim=0).to(src)
 
 
 def sum_gradients(params, bucket_bytes: int = 64 << 20) -> None:
@@ -59,7 +117,9 @@ def sum_gradients(params, bucket_bytes: int = 64 << 20) -> None:
     if world_size() == 1:
         return
     params = [p for p in params if p.requires_grad]
-    has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32)
+    has = torch.tensor(
+        [p.grad is not None for p in params], dtype=torch.float32, device=_COMM_DEVICE
+    )
     dist.all_reduce(has, op=dist.ReduceOp.SUM)
     params = [p for p, h in zip(params, has.tolist()) if h > 0]
     bucket: list[torch.nn.Parameter] = []

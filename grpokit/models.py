@@ -288,8 +288,11 @@ def load_model_and_tokenizer(
     return model, tok, res
 
 
-def save_final_model(model, tokenizer, out_dir: str | Path, merge_lora: bool = True) -> Path:
-    """A directory ``AutoModelForCausalLM.from_pretrained`` loads; written atomically."""
+def save_final_model(
+    model, tokenizer, out_dir: str | Path, merge_lora: bool = True, state_dict=None
+) -> Path:
+    """A directory ``AutoModelForCausalLM.from_pretrained`` loads; written atomically.
+    ``state_dict``: the whole weights when ``model``'s own are sharded (FSDP, ZeRO-3)."""
     out = Path(out_dir)
     tmp = out.parent / f".{out.name}.tmp"
     if tmp.exists():
@@ -301,7 +304,7 @@ def save_final_model(model, tokenizer, out_dir: str | Path, merge_lora: bool = T
         merged = copy.deepcopy(model).merge_and_unload()
         merged.save_pretrained(tmp)
     else:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     if out.exists():
         shutil.rmtree(out)

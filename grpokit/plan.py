@@ -403,9 +403,14 @@ def estimate_memory(
         "optimizer": 2 * trainable * tb // shard_opt,
         "gradients": trainable * tb // shard_grad,
         "autocast_weights": params * 2 if autocast else 0,
-        # bf16 full fine-tuning samples from a bf16 copy of the weights (rollout/hf.py)
+        # bf16 full fine-tuning samples from a bf16 copy of the weights (rollout/hf.py);
+        # with sharded weights (ZeRO-3, FSDP) sampling always uses a whole, unsharded copy
         "sampling_copy": (
-            params * 2 // shard_w if cfg.bf16 and cfg.bf16_sampling_copy and not cfg.use_peft else 0
+            params * (2 if cfg.bf16 else wb)
+            if zero_stage >= 3 and not cfg.use_peft
+            else params * 2
+            if cfg.bf16 and cfg.bf16_sampling_copy and not cfg.use_peft
+            else 0
         ),
         "activations": acts,
         "activations_no_ckpt": full_acts,
@@ -577,7 +582,7 @@ def format_plan(plan: Plan, cfg: GRPOConfig) -> str:
         f"  process baseline (python, torch)       {_gb(m['baseline'])}",
         f"  weights                                {_gb(m['weights'])}",
         f"  reference model                        {_gb(m['reference'])}",
-        f"  bf16 sampling copy of the weights      {_gb(m['sampling_copy'])}",
+        f"  sampling copy of the weights (whole)   {_gb(m['sampling_copy'])}",
         f"  AdamW states                           {_gb(m['optimizer'])}",
         f"  gradients                              {_gb(m['gradients'])}",
         f"  autocast bf16 weight copies            {_gb(m['autocast_weights'])}",

@@ -8,6 +8,7 @@ by ``num_iterations`` optimizer steps over it. ``max_steps`` counts optimizer st
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -40,6 +41,7 @@ from grpokit.checkpoint import (
 )
 from grpokit.config import GRPOConfig, save_config
 from grpokit.data import PromptSampler, columns_for_rewards, render_prompts, tokenize_prompts
+from grpokit.engines import ShardedTraining, check_launch, launch_from_env
 from grpokit.evaluation import evaluate, format_comparison, save_eval
 from grpokit.logging import MetricsLogger
 from grpokit.optim import build_optimizer, build_scheduler
@@ -76,8 +78,17 @@ class Stop(Exception):
 
 class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, *, resume: str | bool | None = None, stream=None):
+        self.device = dist.resolve_device(cfg.device)  # a missing GPU fails before any work
+        self.launch = launch_from_env()
+        check_launch(cfg, self.launch, self.device)
+        self.sharded = ShardedTraining(cfg, self.launch) if self.launch.sharded else None
+        if self.sharded:
+            # the fused head calls the decoder and the output layer separately, and the
+            # shared-prompt forward runs a data-dependent number of forwards; sharded engines
+            # need every rank to run the same wrapped calls
+            cfg = dataclasses.replace(cfg, fused_logprobs=False, share_prompt_forward=False)
         self.cfg = cfg
-        dist.init()
+        dist.init(self.device)
         torch.manual_seed(cfg.seed)
         if cfg.torch_num_threads:
             torch.set_num_threads(cfg.torch_num_threads)
@@ -170,6 +181,7 @@ class GRPOTrainer:
             trust_remote_code=c.trust_remote_code,
             chat_template=c.chat_template,
         )
+        self.model.to(self.device)
         self.model.train()
         self.ref_model = None
         if c.beta > 0 and not c.use_peft:  # with LoRA the reference is the adapter-disabled base
@@ -189,6 +201,9 @@ class GRPOTrainer:
         self.eval_engine = HFRolloutEngine(
             self.model, self.tokenizer, autocast_dtype=self.amp_dtype, loop=c.generation_loop
         )
+        if self.sharded:  # sample and evaluate from an unsharded copy, refreshed each update
+            self.engine.build_copy(self.amp_dtype or next(self.model.parameters()).dtype)
+            self.eval_engine = self.engine
         self.sampling = SamplingParams(
             max_new_tokens=c.max_completion_length,
             temperature=c.temperature,
@@ -202,6 +217,13 @@ class GRPOTrainer:
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         self.optimizer = build_optimizer(self.params, self.cfg)
+        if self.sharded:
+            self.model, self.optimizer, self.ref_model = self.sharded.prepare(
+                self.model, self.optimizer, self.ref_model
+            )
+            self.engine.model = self.model
+            self.engine.full_params = lambda: self.sharded.full_params(self.model)
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.train_positions = 0  # token positions through the model in training forwards
         self._rss_base: int | None = None  # RSS after the first step (heap trimming, below)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, self.total_steps)
@@ -211,6 +233,12 @@ class GRPOTrainer:
         ckpt = latest_checkpoint(self.out) if resume is True or resume == "latest" else Path(resume)
         if ckpt is None:
             raise FileNotFoundError(f"--resume: no complete checkpoint in {self.out}")
+        if self.sharded:
+            raise ValueError(
+                f"--resume under {self.launch.describe()} is not implemented (its checkpoints "
+                "hold the whole weights but no optimizer state); start a new output_dir with "
+                f"model_name_or_path: {ckpt}, or train with torchrun / multi_gpu.yaml"
+            )
         files = load_trainer_files(ckpt)
         saved = yaml.safe_load(files["config_yaml"])
         diffs = [k for k in RESUME_LOCKED_KEYS if saved.get(k) != getattr(self.cfg, k)]
@@ -238,15 +266,17 @@ class GRPOTrainer:
 
     def save(self) -> Path | None:
         path = None
+        model, sd = self._model_for_saving()
         if dist.is_main():
             c = self.cfg
             synced = c.sync_ref_model and self.step >= c.ref_model_sync_steps
             path = save_checkpoint(
                 self.out,
                 self.step,
-                model=self.model,
+                model=model,
+                model_state_dict=sd,
                 tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
+                optimizer=None if self.sharded else self.optimizer,
                 scheduler=self.scheduler,
                 trainer_state={
                     "global_step": self.step,
@@ -343,8 +373,9 @@ class GRPOTrainer:
         uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
         if uniq.shape[0] == p_ids.shape[0]:
             return None
-        first = torch.full((uniq.shape[0],), p_ids.shape[0], dtype=torch.long)
-        first = first.scatter_reduce(0, inverse, torch.arange(p_ids.shape[0]), "amin")
+        n, dev = p_ids.shape[0], p_ids.device
+        first = torch.full((uniq.shape[0],), n, dtype=torch.long, device=dev)
+        first = first.scatter_reduce(0, inverse, torch.arange(n, device=dev), "amin")
         return first, inverse
 
     def _forward_shared_prompts(self, model, head, p_ids, p_mask, c_ids, c_mask, shared):
@@ -396,16 +427,18 @@ class GRPOTrainer:
         cheapest order is used."""
         N, mb = ro.completion_ids.shape[0], self.cfg.per_device_train_batch_size
         if keep_order:
-            order = torch.arange(N)
+            order = torch.arange(N, device=ro.completion_ids.device)
             return [order[s : s + mb] for s in range(0, N, mb)]
         plen = ro.prompt_mask.sum(-1)
         clen = ro.completion_mask.sum(-1)
+        if self.sharded:  # every rank runs the same number of forwards and backwards
+            order = torch.argsort(plen + clen, descending=True, stable=True)
+            return [order[s : s + mb] for s in range(0, N, mb)]
         G = max(1, self.cfg.num_generations)
-        group = torch.arange(N) // G
+        group = torch.arange(N, device=clen.device) // G
         by_group = torch.argsort(clen, descending=True, stable=True)
-        gmax = torch.zeros(int(group.max()) + 1, dtype=clen.dtype).scatter_reduce(
-            0, group, clen, "amax"
-        )
+        gmax = torch.zeros(int(group.max()) + 1, dtype=clen.dtype, device=clen.device)
+        gmax = gmax.scatter_reduce(0, group, clen, "amax")
         key = gmax[group[by_group]] * (N + 1) - group[by_group]
         by_group = by_group[torch.argsort(key, descending=True, stable=True)]
         candidates = [
@@ -468,7 +501,7 @@ class GRPOTrainer:
         total = combine(all_rewards, self.reward_weights)  # (N_global,)
         adv_all = group_advantages(total, G, c.scale_rewards_mode)
         N = rewards.shape[0]
-        adv = adv_all[dist.rank() * N : (dist.rank() + 1) * N]
+        adv = adv_all[dist.rank() * N : (dist.rank() + 1) * N].to(self.device)
         t2 = time.time()
 
         loss_mask = ro.completion_mask.clone()
@@ -543,6 +576,8 @@ class GRPOTrainer:
             if (c.num_iterations > 1 and b.old_logp is None)
             else None
         )
+        if self.sharded:
+            self.sharded.begin_step()
         for sl in self._micro_batches(b.rollout, keep_order=c.loss_type == "bnpo"):
             logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
             if record is not None:
@@ -567,8 +602,12 @@ class GRPOTrainer:
                 loss = loss / (n_micro * dist.world_size())
             if not torch.isfinite(loss):
                 finite = False
-                break
-            loss.backward()
+                if not self.sharded:  # sharded backward has collectives: every rank runs it
+                    break
+            if self.sharded:
+                self.sharded.backward(self.model, loss)
+            else:
+                loss.backward()
             fault_point("backward", self.step + 1)
             loss_total += loss.item()
             ntok = b.loss_mask[sl].sum().item()
@@ -579,11 +618,13 @@ class GRPOTrainer:
             b.old_logp = record  # (a skipped micro-batch loop leaves it None: recorded again)
         finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if finite else 1.0)).item() == 0.0)
         grad_norm = torch.tensor(float("nan"))
-        if finite:
+        max_norm = c.max_grad_norm if c.max_grad_norm > 0 else float("inf")
+        if finite and self.sharded:  # the engine reduces gradients; see ShardedTraining
+            grad_norm = self.sharded.clip_grad_norm(self.model, self.params, max_norm)
+            finite = bool(torch.isfinite(grad_norm))
+        elif finite:
             dist.sum_gradients(self.params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.params, c.max_grad_norm if c.max_grad_norm > 0 else float("inf")
-            )
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
             finite = bool(torch.isfinite(grad_norm))
         lr = self.scheduler.get_last_lr()[0]
         if finite:
@@ -591,6 +632,8 @@ class GRPOTrainer:
             self.engine.weights_updated()
             self._consecutive_skips = 0
         else:
+            if self.sharded and self.sharded.steps_in_backward:
+                log.warning("DeepSpeed applied this step's update inside backward; not skipped")
             self._skip_nonfinite(b)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
@@ -632,8 +675,10 @@ class GRPOTrainer:
         dump = self.out / f"nonfinite-step-{self.step + 1}.pt"
         if dist.is_main():
             self.out.mkdir(parents=True, exist_ok=True)
-            nonfinite_params = [
-                n for n, p in self.model.named_parameters() if not torch.isfinite(p).all()
+            nonfinite_params = [  # (this rank's shard of sharded parameters)
+                n
+                for n, p in self.model.named_parameters()
+                if not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
             ]
             torch.save(
                 {
@@ -825,13 +870,31 @@ class GRPOTrainer:
         from grpokit.models import save_final_model
 
         path = self.out / "final"
+        model, sd = self._model_for_saving()
         if dist.is_main():
-            save_final_model(self.model, self.tokenizer, path, merge_lora=self.cfg.merge_lora)
+            save_final_model(
+                model, self.tokenizer, path, merge_lora=self.cfg.merge_lora, state_dict=sd
+            )
             (path / "grpokit_config.yaml").write_text(
                 yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
             )
         dist.barrier()
         return path
+
+    def _model_for_saving(self):
+        """(model, state dict or None) to save. Sharded weights (FSDP, ZeRO-3) are gathered
+        here, on every rank (a collective); rank 0 writes them."""
+        if not self.sharded:
+            return self.model, None
+        model = self.sharded.unwrap(self.model)
+        if self.launch.engine == "fsdp" or self.launch.zero_stage == 3:
+            sd = self.sharded.full_state_dict(self.model)
+            # tied weights (lm_head = embeddings) once, as save_pretrained writes them itself
+            seen, dup = set(), []
+            for name, p in model.named_parameters(remove_duplicate=False):
+                (dup.append(name) if id(p) in seen else seen.add(id(p)))
+            return model, {k: v for k, v in sd.items() if k not in dup}
+        return model, None
 
     # ------------------------------------------------------------------ signals
     def _install_signal_handlers(self) -> None:

@@ -14,6 +14,22 @@ def tiny_model_dir(tmp_path_factory):
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
 
 
+@pytest.fixture(scope="session")
+def one_process_run(tmp_path_factory, tiny_model_dir):
+    """The reference for the multi-process tests: tests/_dist_worker.py (deterministic fake
+    sampler) in one process with the global batch of 8 completions, 3 steps."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    out = tmp_path_factory.mktemp("one") / "run"
+    env = {**os.environ, "PYTHONPATH": str(here.parent), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(here / "_dist_worker.py"), tiny_model_dir, str(out), "8"]
+    subprocess.run(cmd, check=True, env=env, timeout=300)
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _no_auto_report(request, monkeypatch):
     """Training runs in tests skip the automatic report.html (matplotlib costs ~1-2 s a run);

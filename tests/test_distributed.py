@@ -16,17 +16,11 @@ def _rows(out):
     return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_ranks_match_one_process(tmp_path, tiny_model_dir):
+def test_two_ranks_match_one_process(tmp_path, tiny_model_dir, one_process_run):
     from safetensors.torch import load_file
 
     env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
-    one = tmp_path / "one"
-    subprocess.run(
-        [sys.executable, str(HERE / "_dist_worker.py"), tiny_model_dir, str(one), "8"],
-        check=True,
-        env=env,
-        timeout=300,
-    )
+    one = one_process_run
     two = tmp_path / "two"
     subprocess.run(
         [

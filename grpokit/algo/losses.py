@@ -128,7 +128,9 @@ def policy_loss(
             "clip_ratio/low_mean": low.sum() / n_tok,
             "clip_ratio/high_mean": high.sum() / n_tok,
             "clip_ratio/region_mean": (low + high).sum() / n_tok,
-            "kl": (kl * mask).sum() / n_tok if kl is not None else torch.zeros(()),
+            "kl": (kl * mask).sum() / n_tok
+            if kl is not None
+            else torch.zeros((), device=mask.device),
         }
         if entropy is not None:
             metrics["entropy"] = (entropy * mask).sum() / n_tok

@@ -56,6 +56,10 @@ def completion_mask_from_eos(
     for e in eos_ids:
         is_eos |= completion_ids == e
     has_eos = is_eos.any(-1)  # (N,)
-    first = torch.where(has_eos, is_eos.int().argmax(-1), torch.full((N,), C, dtype=torch.long))
+    first = torch.where(
+        has_eos,
+        is_eos.int().argmax(-1),
+        torch.full((N,), C, dtype=torch.long, device=completion_ids.device),
+    )
     mask = (torch.arange(C, device=completion_ids.device)[None] <= first[:, None]).long()
     return mask, ~has_eos

@@ -55,6 +55,16 @@ class HFRolloutEngine:
         self.sampling_dtype = sampling_dtype
         self._copy = None
         self._stale = True
+        # sharded training: a callable yielding the policy's whole parameters in
+        # ``model.parameters()`` order (gathered; every rank refreshes at the same point)
+        self.full_params = None
+
+    def build_copy(self, dtype: torch.dtype) -> None:
+        """Sample from an unsharded ``dtype`` copy (sharded training needs one: the sharded
+        policy cannot run a decode loop whose length differs across ranks). Call before the
+        policy is wrapped by an engine."""
+        self.sampling_dtype = dtype
+        self._sampling_model()
 
     def weights_updated(self) -> None:
         """The policy's weights changed (optimizer step, resume): refresh the copy."""
@@ -73,7 +83,8 @@ class HFRolloutEngine:
                 if peft:
                     _copy_merged_lora(self._copy, self.model.get_base_model())
                 else:
-                    for dst, src in zip(self._copy.parameters(), self.model.parameters()):
+                    src_params = self.full_params() if self.full_params else self.model.parameters()
+                    for dst, src in zip(self._copy.parameters(), src_params):
                         dst.copy_(src)
                     for dst, src in zip(self._copy.buffers(), self.model.buffers()):
                         dst.copy_(src)
@@ -88,7 +99,10 @@ class HFRolloutEngine:
         params: SamplingParams,
         num_generations: int = 1,
     ) -> Rollout:
-        """prompt_ids/prompt_mask: (B, P) left-padded. Returns a Rollout of N = B*G rows."""
+        """prompt_ids/prompt_mask: (B, P) left-padded, on any device. Returns a Rollout of
+        N = B*G rows on the policy's device."""
+        dev = next(self.model.parameters()).device
+        prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
         ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (N, P)
         mask = prompt_mask.repeat_interleave(num_generations, dim=0)
         model, amp = self._sampling_model()
