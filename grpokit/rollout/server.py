@@ -1,6 +1,6 @@
 """``grpokit rollout-server``: a vLLM generation server for ``vllm_mode: server``.
 
-Standard library HTTP (one request at a time reaches the engine), JSON in and out:
+Standard library HTTP, one request at a time on the main thread, JSON in and out:
 
     GET  /health          model, grpokit version, protocol, model signature, tokenizer size
     POST /generate        {"prompts": [[ids]], "seeds": [int], "params": {...}, "eos_ids": [..]}
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from grpokit.rollout.base import SamplingParams
 
@@ -69,7 +68,6 @@ def serve(
     }
     # the names and shapes a weight update must have (checkpoint names of the HF model)
     expected = _expected_shapes(model)
-    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -103,14 +101,12 @@ def serve(
                     prompts, seeds = req["prompts"], req["seeds"]
                     if len(prompts) != len(seeds):
                         raise ValueError("prompts and seeds differ in length")
-                    with lock:
-                        ids, lps = run_vllm(llm, prompts, params, req["eos_ids"], seeds)
+                    ids, lps = run_vllm(llm, prompts, params, req["eos_ids"], seeds)
                     self._send(200, {"token_ids": ids, "logprobs": lps})
                 elif self.path == "/update_weights":
                     weights = tensors_from_bytes(self._body())
                     _check_weights(weights, expected)
-                    with lock:
-                        secs = load_weights_into(llm, weights)
+                    secs = load_weights_into(llm, weights)
                     self._send(200, {"seconds": secs})
                 else:
                     self._send(404, {"error": f"no such endpoint {self.path}"})
@@ -119,7 +115,9 @@ def serve(
             except Exception as e:  # noqa: BLE001 - reported to the trainer, server keeps going
                 self._send(500, {"error": f"{type(e).__name__}: {e}"})
 
-    httpd = ThreadingHTTPServer((host, port), Handler)
+    # one thread: every vLLM call runs on the thread that built the engine (a weight reload
+    # from a handler thread gave wrong outputs), and requests are served one at a time
+    httpd = HTTPServer((host, port), Handler)
     print(
         f"[rollout-server] {model} ready on http://{host}:{port} "
         f"(vllm {vllm.__version__}, start-up {time.time() - t0:.1f} s)",

@@ -206,7 +206,9 @@ class VLLMColocateEngine:
         enable_sleep_mode: bool = False,
         enforce_eager: bool = True,
         seed: int = 0,
+        llm=None,
     ):
+        """``llm``: an engine already built by ``make_llm`` for this model (tests share one)."""
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = eos_token_ids(model, tokenizer)
@@ -215,7 +217,7 @@ class VLLMColocateEngine:
         )
         self.sleep = enable_sleep_mode
         t0 = time.time()
-        self.llm = make_llm(
+        self.llm = llm or make_llm(
             model_path,
             dtype=dtype,
             max_model_len=max_model_len,
@@ -288,15 +290,35 @@ def model_signature(config) -> dict:
 
 
 def tensors_to_bytes(weights: dict[str, torch.Tensor]) -> bytes:
+    """A safetensors file of ``weights``. A tensor that aliases an earlier one (tied
+    lm_head = embeddings) is sent once and named in the metadata, so that the receiver
+    passes it to vLLM under both names: vLLM on CPU keeps its own copy of a tied lm_head,
+    which a reload without ``lm_head.weight`` leaves stale (measured: wrong greedy output)."""
     from safetensors.torch import save
 
-    return save({k: v.detach().contiguous() for k, v in weights.items()})
+    out: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    for k, v in weights.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        if key in first:
+            aliases[k] = first[key]
+            continue
+        first[key] = k
+        out[k] = v.detach().contiguous()
+    return save(out, metadata={"grpokit_aliases": json.dumps(aliases)})
 
 
 def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    """The inverse of ``tensors_to_bytes``: every name, aliases included."""
     from safetensors.torch import load
 
-    return load(data)
+    n = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+    weights = load(data)
+    for alias, name in json.loads(meta.get("grpokit_aliases", "{}")).items():
+        weights[alias] = weights[name]
+    return weights
 
 
 class VLLMServerEngine:
