@@ -220,6 +220,9 @@ class GRPOTrainer:
         max_len = c.vllm_max_model_len
         if max_len is None and c.max_prompt_length is not None:
             max_len = c.max_prompt_length + c.max_completion_length
+            limit = getattr(self.model.config, "max_position_embeddings", None)
+            if limit:  # vLLM refuses a longer context than the model's
+                max_len = min(max_len, int(limit))
         dtype = "bfloat16" if c.bf16 else c.torch_dtype
         engine = VLLMColocateEngine(
             self.model,

@@ -184,3 +184,41 @@ def test_server_killed_mid_run_gives_a_clear_error_quickly(vllm_tiny_dir):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_grpo_steps_with_the_server(server, vllm_tiny_dir, tmp_path):
+    """A short GRPO run with vllm_mode: server; afterwards the server holds the trained
+    weights (its greedy output equals the trained model's)."""
+    import json
+
+    from grpokit.testing import tiny_run_config
+    from grpokit.trainer import GRPOTrainer
+
+    _, port = server
+    cfg = tiny_run_config(
+        vllm_tiny_dir,
+        tmp_path / "run",
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_port=port,
+        vllm_server_timeout=120,
+        max_steps=3,
+        max_completion_length=8,
+        learning_rate=1e-2,
+        write_report=False,
+    )
+    tr = GRPOTrainer(cfg)
+    tr.train()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "loss" in r]
+    assert len(rows) == 3
+    for r in rows:
+        assert r["sampling/logp_abs_diff_mean"] < 1e-3  # fp32 on both sides
+        assert r["sampling/is_capped_frac"] == 0.0
+        assert r["time/weight_sync"] > 0
+    ids, mask = _prompts(tr.tokenizer)
+    tr.model.eval()
+    mine = HFRolloutEngine(tr.model, tr.tokenizer).generate(ids, mask, GREEDY)
+    tr.engine.weights_updated()  # the last step's weights are pushed before this request
+    theirs = tr.engine.generate(ids, mask, GREEDY)
+    assert torch.equal(theirs.completion_ids, mine.completion_ids)
