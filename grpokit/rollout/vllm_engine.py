@@ -168,6 +168,12 @@ def make_llm(
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     vllm = require_vllm()
+    if enable_sleep_mode and not torch.cuda.is_available():
+        raise VLLMError(
+            "vllm_enable_sleep_mode: true needs a GPU (vLLM on CPU refuses sleep mode: "
+            "'Sleep mode is not supported on current platform'); set "
+            "vllm_enable_sleep_mode: false"
+        )
     if vllm.__version__ != VLLM_VERSION:
         import warnings
 

@@ -10,7 +10,7 @@ import torch
 
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.hf import HFRolloutEngine
-from grpokit.rollout.vllm_engine import VLLMColocateEngine, make_llm
+from grpokit.rollout.vllm_engine import VLLMColocateEngine, VLLMError, make_llm
 
 GREEDY = SamplingParams(max_new_tokens=16, greedy=True)
 
@@ -106,3 +106,10 @@ def test_sampling_settings_reach_vllm(llm, vllm_tiny_dir):
     # greedy with a min length: no EOS before it
     ro = eng.generate(ids, mask, SamplingParams(max_new_tokens=8, greedy=True, min_new_tokens=8))
     assert (ro.lengths == 8).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="sleep mode works on a GPU")
+def test_sleep_mode_without_gpu_is_a_clear_error(vllm_tiny_dir):
+    # vLLM itself refuses it on CPU, deep in a pydantic validation error
+    with pytest.raises(VLLMError, match="vllm_enable_sleep_mode: false"):
+        make_llm(vllm_tiny_dir, dtype="float32", max_model_len=256, enable_sleep_mode=True)
