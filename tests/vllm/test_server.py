@@ -19,7 +19,7 @@ from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.hf import HFRolloutEngine
 from grpokit.rollout.vllm_engine import VLLMError, VLLMServerEngine
 
-from .conftest import make_vllm_tiny
+from .conftest import REAL_MODEL, make_vllm_tiny
 
 GREEDY = SamplingParams(max_new_tokens=16, greedy=True)
 
@@ -222,3 +222,36 @@ def test_grpo_steps_with_the_server(server, vllm_tiny_dir, tmp_path):
     tr.engine.weights_updated()  # the last step's weights are pushed before this request
     theirs = tr.engine.generate(ids, mask, GREEDY)
     assert torch.equal(theirs.completion_ids, mine.completion_ids)
+
+
+@pytest.mark.skipif(not os.path.isdir(REAL_MODEL), reason=f"{REAL_MODEL} is not on this machine")
+def test_real_model_server_greedy_equal_after_push():
+    """SmolLM2-135M-Instruct, fp32: after a weight push, 3 chat prompts decoded greedily to
+    their EOS give the same tokens from the server as from the trainer's model."""
+    model, tok = _load(REAL_MODEL)
+    port = free_port()
+    proc = start_server(REAL_MODEL, port)
+    try:
+        eng = VLLMServerEngine(model, tok, "127.0.0.1", port, timeout=300)
+        msgs = [
+            [{"role": "user", "content": q}]
+            for q in ["What is 12 + 7?", "Name three colors.", "Write a haiku about rain."]
+        ]
+        texts = [
+            tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in msgs
+        ]
+        enc = tok(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(0)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 1e-3)
+        eng.weights_updated()
+        params = SamplingParams(max_new_tokens=48, greedy=True)
+        got = eng.generate(enc.input_ids, enc.attention_mask, params)
+        print(f"SmolLM2 fp32 weight push over HTTP: {eng.sync_seconds:.2f} s")
+        ref = HFRolloutEngine(model, tok).generate(enc.input_ids, enc.attention_mask, params)
+        assert not ref.truncated.any()  # all three reach EOS: the whole answer is compared
+        assert torch.equal(got.completion_ids, ref.completion_ids)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
