@@ -224,7 +224,9 @@ class GRPOTrainer:
             if limit:  # vLLM refuses a longer context than the model's
                 max_len = min(max_len, int(limit))
         dtype = "bfloat16" if c.bf16 else c.torch_dtype
-        engine = VLLMColocateEngine(
+        # vLLM's CPU worker binds this process's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND)
+        # and from then on turns torch.set_num_threads into a no-op with a warning
+        return VLLMColocateEngine(
             self.model,
             self.tokenizer,
             self.model_source.path,
@@ -235,9 +237,6 @@ class GRPOTrainer:
             enforce_eager=c.vllm_enforce_eager,
             seed=c.seed,
         )
-        if c.torch_num_threads:  # vLLM's CPU worker binds its own OpenMP threads
-            torch.set_num_threads(c.torch_num_threads)
-        return engine
 
     def _setup_optimization(self) -> None:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
