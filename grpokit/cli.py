@@ -363,7 +363,40 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--output", default=None, help="HTML path (default RUN_DIR/report.html); plots/ beside it"
     )
+    rs = sub.add_parser(
+        "rollout-server",
+        help="serve a model with vLLM for training with use_vllm: true, vllm_mode: server",
+    )
+    rs.add_argument("--model", required=True, help="the training model (a local directory)")
+    rs.add_argument("--host", default="127.0.0.1")
+    rs.add_argument("--port", type=int, default=8000)
+    rs.add_argument("--dtype", default="float32", help="float32 or bfloat16 (the trainer's)")
+    rs.add_argument("--max_model_len", type=int, default=None)
+    rs.add_argument("--gpu_memory_utilization", type=float, default=0.9)
+    rs.add_argument(
+        "--compile", action="store_true", help="let vLLM compile (slower start-up, ~1-2 min)"
+    )
+    rs.add_argument("--seed", type=int, default=0)
     return p
+
+
+def cmd_rollout_server(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.models import resolve_model
+    from grpokit.rollout.server import serve
+    from grpokit.rollout.vllm_engine import require_vllm
+
+    require_vllm()
+    serve(
+        resolve_model(args.model).path,
+        args.host,
+        args.port,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=not args.compile,
+        seed=args.seed,
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_eval(args, rest)
     if args.cmd == "report":
         return cmd_report(args, rest)
+    if args.cmd == "rollout-server":
+        return cmd_rollout_server(args, rest)
     return cmd_generate(args, rest)
 
 

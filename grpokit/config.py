@@ -36,6 +36,7 @@ SCHEDULERS = (
 )
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
@@ -63,14 +64,9 @@ IGNORED_KEYS = {
     "log_completions_steps": "completions are logged every logging_steps",
     "num_completions_to_print": "see log_completions",
     "wandb_log_unique_prompts": "not used",
-    "use_vllm": "the vLLM engine is not available yet; the HF engine is used",
-    "vllm_mode": "the vLLM engine is not available yet",
-    "vllm_gpu_memory_utilization": "the vLLM engine is not available yet",
-    "vllm_server_host": "the vLLM engine is not available yet",
-    "vllm_server_port": "the vLLM engine is not available yet",
     "ddp_timeout": "not used",
     "eval_on_start": "evaluation before training is on when max_eval_samples > 0",
-    "vllm_device": "the vLLM engine is not available yet",
+    "vllm_device": "colocate runs vLLM on the training device; a server chooses its own",
     "gradient_checkpointing_kwargs": "gradient checkpointing is always non-reentrant",
     "dataset_configs": "use dataset_config (one name); the task's default config otherwise",
 }
@@ -131,6 +127,20 @@ class GRPOConfig:
         True  # each distinct prompt runs once per micro-batch (see trainer)
     )
     bf16_sampling_copy: bool = True  # with bf16 (full fine-tuning): sample from a bf16 copy
+
+    # vLLM rollouts (README, "vLLM rollouts"); needs the vllm package (./run test-vllm)
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"  # colocate: vLLM in this process; server: grpokit rollout-server
+    vllm_server_host: str = "127.0.0.1"
+    vllm_server_port: int = 8000
+    vllm_server_timeout: float = 240.0  # seconds: wait for the server, and each request
+    vllm_gpu_memory_utilization: float = 0.9  # GPU only; on CPU: VLLM_CPU_KVCACHE_SPACE (GB)
+    vllm_enable_sleep_mode: bool = False  # GPU: offload weights/KV cache between rollouts
+    vllm_enforce_eager: bool = True  # false: vLLM compiles (faster decoding, ~1 min start-up)
+    vllm_max_model_len: int | None = None  # None: max_prompt_length + max_completion_length
+    vllm_importance_sampling_correction: bool = True  # truncated IS for vLLM/trainer mismatch
+    vllm_importance_sampling_mode: str = "token_truncate"  # or token_mask, sequence_*
+    vllm_importance_sampling_cap: float = 2.0
 
     # GRPO objective
     beta: float = 0.0
@@ -240,6 +250,35 @@ def _validate(c: GRPOConfig) -> None:
     _check(
         c.generation_loop in ("grpokit", "hf"),
         f"generation_loop={c.generation_loop!r}: use grpokit or hf (transformers' generate)",
+    )
+    _check(
+        c.vllm_mode in ("colocate", "server"),
+        f"vllm_mode={c.vllm_mode!r}: use colocate (vLLM in the training process) or server "
+        "(grpokit rollout-server)",
+    )
+    _check(1 <= c.vllm_server_port <= 65535, f"vllm_server_port={c.vllm_server_port}: use 1-65535")
+    _check(c.vllm_server_timeout > 0, "vllm_server_timeout must be > 0 (seconds)")
+    _check(
+        0 < c.vllm_gpu_memory_utilization <= 1,
+        f"vllm_gpu_memory_utilization={c.vllm_gpu_memory_utilization} must be in (0, 1]",
+    )
+    _check(
+        c.vllm_max_model_len is None or c.vllm_max_model_len >= 2,
+        "vllm_max_model_len must be >= 2 or null",
+    )
+    _check(
+        c.vllm_importance_sampling_mode in IS_MODES,
+        f"vllm_importance_sampling_mode={c.vllm_importance_sampling_mode!r}: use one of {IS_MODES}",
+    )
+    _check(
+        c.vllm_importance_sampling_cap >= 1,
+        f"vllm_importance_sampling_cap={c.vllm_importance_sampling_cap} must be >= 1 "
+        "(ratios above it are capped or masked; TRL uses 2-3)",
+    )
+    _check(
+        not (c.use_vllm and c.world_size > 1),
+        "use_vllm with more than one process is not supported yet; run one process or "
+        "use_vllm: false",
     )
     _check(c.max_nonfinite_skips >= 1, "max_nonfinite_skips must be >= 1")
     reports = [c.report_to] if isinstance(c.report_to, str) else list(c.report_to)

@@ -28,6 +28,7 @@ from grpokit.algo import (
     group_advantages,
     linear_logprobs,
     policy_loss,
+    sampling_is_weights,
     selective_log_softmax,
 )
 from grpokit.algo.advantages import group_reward_stats
@@ -169,6 +170,10 @@ class GRPOTrainer:
         from grpokit.models import load_model_and_tokenizer
 
         c = self.cfg
+        if c.use_vllm:  # before any model loads: a missing package is a one-line fix
+            from grpokit.rollout.vllm_engine import require_vllm
+
+            require_vllm()
         self.model, self.tokenizer, self.model_source = load_model_and_tokenizer(
             c.model_name_or_path,
             dtype=c.torch_dtype,
@@ -189,14 +194,17 @@ class GRPOTrainer:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.amp_dtype = torch.bfloat16 if c.bf16 else None
-        self.engine = HFRolloutEngine(
-            self.model,
-            self.tokenizer,
-            autocast_dtype=self.amp_dtype,
-            loop=c.generation_loop,
-            # bf16 runs sample from a bf16 copy of the weights (LoRA merged in; see the engine)
-            sampling_dtype=self.amp_dtype if c.bf16_sampling_copy else None,
-        )
+        if c.use_vllm:
+            self.engine = self._vllm_engine()
+        else:
+            self.engine = HFRolloutEngine(
+                self.model,
+                self.tokenizer,
+                autocast_dtype=self.amp_dtype,
+                loop=c.generation_loop,
+                # bf16 runs sample from a bf16 copy of the weights (LoRA merged in; see there)
+                sampling_dtype=self.amp_dtype if c.bf16_sampling_copy else None,
+            )
         # held-out evaluation decodes with the training model itself (autocast when bf16)
         self.eval_engine = HFRolloutEngine(
             self.model, self.tokenizer, autocast_dtype=self.amp_dtype, loop=c.generation_loop
@@ -210,6 +218,39 @@ class GRPOTrainer:
             top_p=c.top_p,
             top_k=c.top_k,
             repetition_penalty=c.repetition_penalty,
+        )
+
+    def _vllm_engine(self):
+        from grpokit.rollout.vllm_engine import VLLMColocateEngine, VLLMServerEngine
+
+        c = self.cfg
+        if c.vllm_mode == "server":
+            return VLLMServerEngine(
+                self.model,
+                self.tokenizer,
+                c.vllm_server_host,
+                c.vllm_server_port,
+                c.vllm_server_timeout,
+            )
+        max_len = c.vllm_max_model_len
+        if max_len is None and c.max_prompt_length is not None:
+            max_len = c.max_prompt_length + c.max_completion_length
+            limit = getattr(self.model.config, "max_position_embeddings", None)
+            if limit:  # vLLM refuses a longer context than the model's
+                max_len = min(max_len, int(limit))
+        dtype = "bfloat16" if c.bf16 else c.torch_dtype
+        # vLLM's CPU worker binds this process's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND)
+        # and from then on turns torch.set_num_threads into a no-op with a warning
+        return VLLMColocateEngine(
+            self.model,
+            self.tokenizer,
+            self.model_source.path,
+            dtype="auto" if dtype == "auto" else dtype,
+            max_model_len=max_len,
+            gpu_memory_utilization=c.vllm_gpu_memory_utilization,
+            enable_sleep_mode=c.vllm_enable_sleep_mode,
+            enforce_eager=c.vllm_enforce_eager,
+            seed=c.seed,
         )
 
     def _setup_optimization(self) -> None:
@@ -523,6 +564,11 @@ class GRPOTrainer:
             "completions/max_length": lengths.max(),
             "completions/clipped_ratio": truncated.mean(),
             "time/generation": t1 - t0,
+            **(
+                {"time/weight_sync": self.engine.sync_seconds}
+                if getattr(self.engine, "sync_seconds", None) is not None
+                else {}
+            ),
             "time/scoring": t2 - t1,
             "time/reference": t3 - t2,
             "tokens_generated": lengths.sum(),
@@ -578,10 +624,28 @@ class GRPOTrainer:
         )
         if self.sharded:
             self.sharded.begin_step()
+        s_logps = b.rollout.sampling_logps  # (N, C) from vLLM, None from the HF engine
+        extremes: dict[str, float] = {}
         for sl in self._micro_batches(b.rollout, keep_order=c.loss_type == "bnpo"):
             logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
             if record is not None:
                 record[sl] = logp.detach()
+            is_w, is_m = None, {}
+            if s_logps is not None:  # the sampler's log-probs vs ours under the same weights
+                old = logp.detach() if b.old_logp is None else b.old_logp[sl]
+                is_w, is_m = sampling_is_weights(
+                    old,
+                    s_logps[sl],
+                    b.loss_mask[sl],
+                    mode=c.vllm_importance_sampling_mode,
+                    cap=c.vllm_importance_sampling_cap,
+                )
+                if not c.vllm_importance_sampling_correction:
+                    is_w = None  # measured and logged, not applied
+                for k in [k for k in is_m if k.endswith(("_max", "_min"))]:
+                    v = is_m.pop(k).item()
+                    pick = max if k.endswith("_max") else min
+                    extremes[k] = pick(extremes.get(k, v), v)
             loss, m = policy_loss(
                 logp,
                 None if b.old_logp is None else b.old_logp[sl],
@@ -597,7 +661,9 @@ class GRPOTrainer:
                 num_sequences=num_seqs,
                 num_tokens=num_tokens,
                 entropy=ent,
+                is_weights=is_w,
             )
+            m.update(is_m)
             if c.loss_type == "bnpo":  # per-micro-batch mean: average over micro-batches/ranks
                 loss = loss / (n_micro * dist.world_size())
             if not torch.isfinite(loss):
@@ -651,6 +717,7 @@ class GRPOTrainer:
             )
             acc, tok_total = dict(zip(keys, packed[:-1].tolist())), packed[-1].item()
         out = {k: v / max(tok_total, 1.0) for k, v in acc.items()}
+        out.update(extremes)
         out.update(
             loss=dist.all_reduce_sum(torch.tensor(loss_total)).item() if finite else float("nan"),
             grad_norm=grad_norm.item(),

@@ -17,6 +17,17 @@ and the per-token terms are aggregated according to ``loss_type``:
 
 GSPO: Zheng et al. 2025, arXiv:2507.18071. Clip-higher (epsilon_high > epsilon_low): DAPO.
 
+Rollout-engine mismatch (``sampling_is_weights``). When another engine (vLLM) samples the
+completions, its probabilities differ slightly from the trainer's for the same weights, so
+the samples are slightly off-policy. Truncated importance sampling (Yao et al. 2025, "Your
+efficient RL framework secretly brings you off-policy RL training") multiplies each token's
+loss term by a detached weight
+
+    w_t = min(pi_trainer(y_t) / pi_engine(y_t), C)                 (token_truncate)
+
+or zero instead of C above the cap (token_mask), or one weight per sequence from the
+product of its token ratios (sequence_truncate, sequence_mask).
+
 Micro-batching. To make a micro-batch's loss its exact share of the whole batch's loss
 (so the sum of micro-batch losses equals the full-batch loss), pass ``num_sequences``
 (sequences in the whole batch, all ranks) for ``grpo`` / ``dr_grpo`` and ``num_tokens``
@@ -30,6 +41,7 @@ import torch
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+SAMPLING_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 KL_LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in fp32, and far beyond any sane policy gap
 
 
@@ -49,6 +61,7 @@ def policy_loss(
     num_sequences: float | None = None,
     num_tokens: float | None = None,
     entropy: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate plus KL penalty, masked to completion tokens.
 
@@ -68,6 +81,8 @@ def policy_loss(
         num_sequences: sequences in the whole batch (``grpo``, ``dr_grpo``); default N.
         num_tokens: completion tokens in the whole batch (``dapo``); default mask.sum().
         entropy: optional (N, T) token entropies, only reported.
+        is_weights: optional (N, T) rollout-engine correction weights (see
+            ``sampling_is_weights``), multiplied into each token's loss term, no gradient.
 
     Returns:
         ``(loss, metrics)``: scalar loss; metrics are detached scalars: ``kl``,
@@ -105,6 +120,8 @@ def policy_loss(
         if beta > 0:
             per_token = per_token + beta * kl
 
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
     per_token = per_token * mask
     if loss_type == "grpo":
         denom = float(n_seq if num_sequences is None else num_sequences)
@@ -135,3 +152,60 @@ def policy_loss(
         if entropy is not None:
             metrics["entropy"] = (entropy * mask).sum() / n_tok
     return loss, metrics
+
+
+def sampling_is_weights(
+    trainer_logp: torch.Tensor,
+    sampling_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str = "token_truncate",
+    cap: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Importance weights pi_trainer / pi_engine for tokens sampled by another engine.
+
+    Args:
+        trainer_logp: (N, T) the trainer's log-probs of the sampled tokens under the weights
+            that sampled them (detached; ``old_logp``).
+        sampling_logp: (N, T) the engine's log-probs of the same tokens.
+        mask: (N, T) 1 on completion tokens.
+        mode: one of ``SAMPLING_IS_MODES``; cap: C.
+
+    Returns:
+        ``(weights, metrics)``: (N, T) detached weights, 0 on padding; metrics over
+        completion tokens: ``sampling/logp_abs_diff_mean``, ``sampling/logp_abs_diff_max``
+        (|logp_engine - logp_trainer|), ``sampling/is_ratio_mean``, ``sampling/is_ratio_min``,
+        ``sampling/is_ratio_max`` (the ratios before capping, per token or per sequence as
+        the mode uses them), ``sampling/is_capped_frac`` (tokens whose ratio was above C).
+    """
+    if mode not in SAMPLING_IS_MODES:
+        raise ValueError(f"mode must be one of {SAMPLING_IS_MODES}, got {mode!r}")
+    if cap < 1:
+        raise ValueError(f"cap={cap} must be >= 1")
+    with torch.no_grad():
+        m = mask.to(torch.float32)
+        n_tok = m.sum().clamp(min=1.0)
+        log_r = (trainer_logp.float() - sampling_logp.float()) * m  # (N, T)
+        if mode.startswith("sequence"):
+            seq = log_r.sum(-1).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)  # (N,)
+            ratio = torch.exp(seq).unsqueeze(-1).expand_as(log_r)
+        else:
+            ratio = torch.exp(log_r.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP))
+        over = (ratio > cap).float() * m
+        if mode.endswith("truncate"):
+            w = ratio.clamp(max=cap)
+        else:
+            w = torch.where(ratio > cap, torch.zeros_like(ratio), ratio)
+        w = w * m
+        sel = m.bool()
+        diff = log_r.abs()
+        r_sel = ratio[sel]
+        metrics = {
+            "sampling/logp_abs_diff_mean": diff.sum() / n_tok,
+            "sampling/logp_abs_diff_max": diff.max() if diff.numel() else torch.zeros(()),
+            "sampling/is_ratio_mean": (ratio * m).sum() / n_tok,
+            "sampling/is_ratio_min": r_sel.min() if r_sel.numel() else torch.ones(()),
+            "sampling/is_ratio_max": r_sel.max() if r_sel.numel() else torch.ones(()),
+            "sampling/is_capped_frac": over.sum() / n_tok,
+        }
+    return w, metrics

@@ -28,6 +28,9 @@ class Rollout:
     completion_mask: (N, C) 1 up to and including the first EOS (all 1 if truncated)
     truncated:       (N,) bool, no EOS within max_new_tokens
     texts:           N decoded completions (special tokens removed)
+    sampling_logps:  (N, C) log-prob of each sampled token under the engine that sampled it
+                     (temperature applied), 0 past the mask; None when the engine does not
+                     report them (the HF engine samples from the training model itself)
     """
 
     prompt_ids: torch.Tensor
@@ -36,6 +39,7 @@ class Rollout:
     completion_mask: torch.Tensor
     truncated: torch.Tensor
     texts: list[str]
+    sampling_logps: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -161,10 +161,10 @@ class HFRolloutEngine:
         return kwargs
 
 
-def _copy_merged_lora(dst_model, base) -> None:
-    """Fill ``dst_model`` (the plain architecture) with ``base``'s weights, each LoRA layer's
-    active adapters merged in (W + scaling * B @ A), cast to ``dst_model``'s dtype. The
-    policy's own weights are never modified (no merge/unmerge round trip)."""
+def merged_lora_state_dict(base) -> dict[str, torch.Tensor]:
+    """``base``'s state dict under the plain architecture's names, each LoRA layer's active
+    adapters merged in (W + scaling * B @ A, computed in fp32). The policy's own weights are
+    never modified (no merge/unmerge round trip)."""
     src = base.state_dict()
     merged = {k.replace(".base_layer.", "."): v for k, v in src.items() if "lora_" not in k}
     for name, mod in base.named_modules():
@@ -177,6 +177,13 @@ def _copy_merged_lora(dst_model, base) -> None:
             if a in getattr(mod, "lora_A", {}):
                 w = w + mod.get_delta_weight(a).float()
         merged[f"{name}.weight"] = w
+    return merged
+
+
+def _copy_merged_lora(dst_model, base) -> None:
+    """Fill ``dst_model`` (the plain architecture) with ``base``'s weights, LoRA merged in
+    (see ``merged_lora_state_dict``), cast to ``dst_model``'s dtype."""
+    merged = merged_lora_state_dict(base)
     for k, v in dst_model.state_dict(keep_vars=True).items():
         if k not in merged:
             raise RuntimeError(f"sampling copy: no weight for {k} in the LoRA model")

