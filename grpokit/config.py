@@ -123,6 +123,9 @@ class GRPOConfig:
     repetition_penalty: float = 1.0
     generation_loop: str = "grpokit"  # grpokit's decode loop, or "hf" (transformers' generate)
     fused_logprobs: bool = True  # output layer + log-softmax by token chunks (see trainer)
+    fused_decode: bool = (
+        True  # grpokit loop, Llama/Mistral/Qwen2: fused decode step (fastdecode.py)
+    )
     share_prompt_forward: bool = (
         True  # each distinct prompt runs once per micro-batch (see trainer)
     )

@@ -202,12 +202,17 @@ class GRPOTrainer:
                 self.tokenizer,
                 autocast_dtype=self.amp_dtype,
                 loop=c.generation_loop,
+                fused_decode=c.fused_decode,
                 # bf16 runs sample from a bf16 copy of the weights (LoRA merged in; see there)
                 sampling_dtype=self.amp_dtype if c.bf16_sampling_copy else None,
             )
         # held-out evaluation decodes with the training model itself (autocast when bf16)
         self.eval_engine = HFRolloutEngine(
-            self.model, self.tokenizer, autocast_dtype=self.amp_dtype, loop=c.generation_loop
+            self.model,
+            self.tokenizer,
+            autocast_dtype=self.amp_dtype,
+            loop=c.generation_loop,
+            fused_decode=c.fused_decode,
         )
         if self.sharded:  # sample and evaluate from an unsharded copy, refreshed each update
             self.engine.build_copy(self.amp_dtype or next(self.model.parameters()).dtype)

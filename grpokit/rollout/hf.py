@@ -41,6 +41,7 @@ class HFRolloutEngine:
         *,
         loop: str = "grpokit",
         sampling_dtype: torch.dtype | None = None,
+        fused_decode: bool = True,
     ):
         if loop not in ("grpokit", "hf"):
             raise ValueError(f"generation_loop={loop!r}: use grpokit or hf")
@@ -52,6 +53,7 @@ class HFRolloutEngine:
         )
         self.autocast_dtype = autocast_dtype
         self.loop = loop
+        self.fused_decode = fused_decode
         self.sampling_dtype = sampling_dtype
         self._copy = None
         self._stale = True
@@ -125,6 +127,7 @@ class HFRolloutEngine:
                         top_k=params.top_k,
                         repetition_penalty=params.repetition_penalty,
                         min_new_tokens=params.min_new_tokens,
+                        fused_decode=self.fused_decode,
                     )
                 else:
                     out = model.generate(

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from grpokit.rollout.fastdecode import FastDecoder
+
 
 def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
     if top_k and 0 < top_k < scores.shape[-1]:
@@ -74,6 +76,13 @@ def _select_rows(cache, idx: torch.Tensor) -> bool:
     return True
 
 
+def _cache_tensors(cache) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    layers = getattr(cache, "layers", None)
+    if not layers or any(getattr(ly, "keys", None) is None for ly in layers):
+        return None
+    return [ly.keys for ly in layers], [ly.values for ly in layers]
+
+
 @torch.no_grad()
 def sample(
     model,
@@ -91,6 +100,7 @@ def sample(
     min_new_tokens: int = 0,
     num_samples: int = 1,
     generator: torch.Generator | None = None,
+    fused_decode: bool = True,
 ) -> torch.Tensor:
     """(B, P) left-padded prompts -> (B * num_samples, C) completion ids, C <= max_new_tokens,
     the ``num_samples`` completions of a prompt contiguous, rows that ended padded with
@@ -100,6 +110,10 @@ def sample(
     ``num_samples`` rows. Rows that have ended are dropped from the batch (their cache rows
     with them) once they are at least an eighth of it, so the decode steps after the short
     completions end cost what the remaining rows cost.
+
+    ``fused_decode``: decode steps run through ``fastdecode.FastDecoder`` (fused products
+    from the model's own weights, same arithmetic) when it reproduces the model (Llama,
+    Mistral, Qwen2 without autocast); otherwise, or when False, through the model's forward.
     """
     from transformers import DynamicCache, StaticCache
 
@@ -153,9 +167,15 @@ def sample(
                 repetition_penalty=repetition_penalty,
                 min_new_tokens=min_new_tokens,
                 generator=generator,
+                fused_decode=fused_decode,
             )
     tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
     done = torch.zeros(N, dtype=torch.bool, device=device)  # over the running rows
+    fast = None
+    if fused_decode and isinstance(cache, StaticCache) and _cache_tensors(cache) is not None:
+        fast = FastDecoder.build(model, total)
+        if fast is not None:
+            fast.rotary_tables(total, next(model.parameters()).dtype)
     steps = 0
     for t in range(max_new_tokens):
         if seen is not None:
@@ -184,6 +204,12 @@ def sample(
         if seen is not None:
             seen = torch.cat([seen, nxt[:, None]], dim=1)
         mask[:, P + t] = 1
+        if fast is not None:
+            keys, values = _cache_tensors(cache)
+            attend = mask[:, : P + t + 1].bool()
+            logits = fast.step(nxt, next_pos[:, 0], keys, values, P + t, attend)
+            next_pos = next_pos + 1
+            continue
         out = model(
             input_ids=nxt[:, None],
             attention_mask=mask[:, : P + t + 1],

@@ -1,0 +1,228 @@
+"""A decode step for Llama-family models (Llama, Mistral, Qwen2) written as a dozen tensor
+ops per layer, from the model's own weights: same arithmetic as transformers' forward,
+without its per-module Python overhead.
+
+Why: at 32 rows a decode step of SmolLM2-135M (30 layers) does ~8.6 GFLOP, a few ms of
+matrix products on this CPU, but transformers' forward spent ~90 ms a step in module calls,
+mask building and cache bookkeeping. Here each layer is one fused q/k/v product, rotary,
+an in-place write into the preallocated cache, one attention call, the output product and
+one fused gate/up product, and nothing else.
+
+Same mathematics, op for op: RMSNorm in float32 cast back to the weights' dtype before its
+scale, rotary tables from the model's own ``rotary_emb`` (so every RoPE scaling variant is
+the model's), grouped-query attention with the model's scale, ``act(gate) * up``. The only
+differences from transformers are float rounding: a fused product sums in its own order.
+``tests/test_fastdecode.py`` checks the logits against transformers' forward and greedy
+tokens against the plain loop.
+
+Anything else (other architectures, sliding windows shorter than the sequence, autocast,
+q/k norms) returns ``None`` from ``FastDecoder.build`` and the caller keeps the plain path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_SUPPORTED = ("llama", "mistral", "qwen2")
+_ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
+
+
+def _why_unsupported(model, total_len: int) -> str | None:
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in _SUPPORTED:
+        return "architecture"
+    if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
+        return "peft wrapper"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "layout"
+    if getattr(cfg, "hidden_act", None) not in _ACTS:
+        return "activation"
+    if getattr(cfg, "pretraining_tp", 1) not in (1, None):
+        return "pretraining_tp"
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None and getattr(cfg, "use_sliding_window", True) and window < total_len:
+        return "sliding window"
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        if window is None or window < total_len:
+            return "layer types"
+    for layer in inner.layers:
+        attn = layer.self_attn
+        if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+            return "q/k norms"
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            if type(getattr(attn, name, None)) is not torch.nn.Linear:
+                return f"{name} is not a plain Linear"
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            if type(getattr(layer.mlp, name, None)) is not torch.nn.Linear:
+                return f"{name} is not a plain Linear"
+    head = getattr(model, "lm_head", None)
+    if type(head) is not torch.nn.Linear:
+        return "lm_head"
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+        return "logit scaling"
+    return None
+
+
+def _cat_bias(mods, dtype, device) -> torch.Tensor | None:
+    if all(m.bias is None for m in mods):
+        return None
+    return torch.cat(
+        [
+            m.bias
+            if m.bias is not None
+            else torch.zeros(m.out_features, dtype=dtype, device=device)
+            for m in mods
+        ]
+    )
+
+
+def _packer(weight: torch.Tensor):
+    """A function ``(w, b) -> linear(x) callable`` for this weight's dtype and device. bf16 on a
+    CPU with oneDNN's bf16 support: the weight is reordered once into oneDNN's blocked
+    layout (what inductor's freezing pass does), which spares the reorder that every plain
+    bf16 ``F.linear`` call repeats; measured here at 32 rows 1.5-1.9x faster a product, and
+    bit-identical to ``F.linear``. Anything else: plain ``F.linear``."""
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    if (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and mkldnn is not None
+        and hasattr(mkldnn, "_reorder_linear_weight")
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    ):
+
+        def pack(w, b):
+            packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None)
+            return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+
+        return pack
+    return lambda w, b: lambda x: F.linear(x, w, b)
+
+
+class _Layer:
+    __slots__ = ("ln1", "eps1", "qkv", "o", "ln2", "eps2", "gu", "down")
+
+
+class FastDecoder:
+    """Decode steps of ``model`` (eval, no autocast) against a cache given as per-layer key
+    and value tensors (N, KVH, T, D). Fused weights are built once per ``build`` (one
+    rollout): they copy the model's current weights, so build again after an update."""
+
+    def __init__(self, model):
+        cfg = model.config
+        inner = model.model
+        self.model = model
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.scale = self.head_dim**-0.5
+        self.act = _ACTS[cfg.hidden_act]
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.norm_w = inner.norm.weight
+        self.norm_eps = _eps(inner.norm)
+        pack = _packer(model.lm_head.weight)
+        self.head = pack(model.lm_head.weight, model.lm_head.bias)
+        self.layers = []
+        with torch.no_grad():
+            for layer in inner.layers:
+                a, m = layer.self_attn, layer.mlp
+                w = a.q_proj.weight
+                ly = _Layer()
+                ly.ln1, ly.eps1 = layer.input_layernorm.weight, _eps(layer.input_layernorm)
+                ly.ln2, ly.eps2 = (
+                    layer.post_attention_layernorm.weight,
+                    _eps(layer.post_attention_layernorm),
+                )
+                ly.qkv = pack(
+                    torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    _cat_bias([a.q_proj, a.k_proj, a.v_proj], w.dtype, w.device),
+                )
+                ly.o = pack(a.o_proj.weight, a.o_proj.bias)
+                ly.gu = pack(
+                    torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                    _cat_bias([m.gate_proj, m.up_proj], w.dtype, w.device),
+                )
+                ly.down = pack(m.down_proj.weight, m.down_proj.bias)
+                self.layers.append(ly)
+        self.inter = inner.layers[0].mlp.gate_proj.out_features
+        self._cos = self._sin = None
+
+    @classmethod
+    def build(cls, model, total_len: int) -> FastDecoder | None:
+        """A decoder for ``model``, or None when this module does not reproduce it (see
+        ``_why_unsupported``) or autocast is on (the caller then runs the model itself)."""
+        dev = next(model.parameters()).device
+        if torch.is_autocast_enabled(dev.type):
+            return None
+        if _why_unsupported(model, total_len) is not None:
+            return None
+        return cls(model)
+
+    def rotary_tables(self, total_len: int, dtype: torch.dtype) -> None:
+        """cos/sin for positions 0..total_len-1, from the model's own rotary module."""
+        dev = self.norm_w.device
+        pos = torch.arange(total_len, device=dev)[None]
+        probe = torch.empty(1, 1, self.head_dim, dtype=dtype, device=dev)
+        cos, sin = self.rotary(probe, pos)  # (1, T, D) in dtype
+        self._cos, self._sin = cos[0], sin[0]
+
+    @torch.no_grad()
+    def step(
+        self,
+        ids: torch.Tensor,  # (n,) the tokens just drawn
+        pos: torch.Tensor,  # (n,) their rotary positions
+        keys: list[torch.Tensor],  # per layer (n, KVH, T, D), written in place at slot
+        values: list[torch.Tensor],
+        slot: int,  # cache index of these tokens (the same for every row)
+        attend: torch.Tensor,  # (n, slot + 1) bool: which cache entries each row sees
+    ) -> torch.Tensor:
+        """Logits (n, V) in float32 for the next token of each row."""
+        n = ids.shape[0]
+        H, KV, D = self.n_heads, self.n_kv, self.head_dim
+        g = H // KV
+        x = self.embed(ids)  # (n, C)
+        cos = self._cos[pos][:, None, :]  # (n, 1, D)
+        sin = self._sin[pos][:, None, :]
+        mask = attend[:, None, None, :]  # (n, 1, 1, S)
+        half = D // 2
+        for i, ly in enumerate(self.layers):
+            h = _rms(x, ly.ln1, ly.eps1)
+            qkv = ly.qkv(h)  # (n, (H + 2 KV) D)
+            qk = qkv[:, : (H + KV) * D].view(n, H + KV, D)  # rotary on q and k at once
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin
+            q, k = qk[:, :H], qk[:, H:]
+            v = qkv[:, (H + KV) * D :].view(n, KV, D)
+            kc, vc = keys[i], values[i]
+            kc[:, :, slot] = k
+            vc[:, :, slot] = v
+            # the g query heads of a key/value head attend as g query rows of that head
+            o = F.scaled_dot_product_attention(
+                q.reshape(n, KV, g, D),
+                kc[:, :, : slot + 1],
+                vc[:, :, : slot + 1],
+                attn_mask=mask,
+                scale=self.scale,
+            )  # (n, KV, g, D)
+            x = x + ly.o(o.reshape(n, H * D))
+            h = _rms(x, ly.ln2, ly.eps2)
+            gu = ly.gu(h)  # (n, 2 I)
+            h = self.act(gu[:, : self.inter]) * gu[:, self.inter :]
+            x = x + ly.down(h)
+        x = _rms(x, self.norm_w, self.norm_eps)
+        return self.head(x).float()
+
+
+def _eps(norm) -> float:
+    for name in ("variance_epsilon", "eps"):
+        if hasattr(norm, name):
+            return float(getattr(norm, name))
+    raise ValueError(f"no epsilon on {type(norm).__name__}")
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Llama RMSNorm: normalise in float32, cast back, then scale."""
+    return w * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)

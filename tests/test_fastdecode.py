@@ -1,0 +1,150 @@
+"""The fused decode step (grpokit/rollout/fastdecode.py) computes what transformers' forward
+computes: next-token logits equal to the model's own forward over the same cache (fp32
+tight, bf16 within bf16 rounding), for Llama with grouped-query attention, Qwen2 (q/k/v
+biases) and Mistral; greedy tokens from the sampler equal with and without it; and models
+it does not reproduce are left to the plain path."""
+
+import pytest
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    StaticCache,
+)
+
+from grpokit.rollout.fastdecode import FastDecoder, _why_unsupported
+from grpokit.rollout.sampler import sample
+
+SHAPE = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
+def _model(kind: str, dtype=torch.float32):
+    torch.manual_seed(0)
+    if kind == "llama":
+        m = LlamaForCausalLM(LlamaConfig(**SHAPE, rope_scaling=None, tie_word_embeddings=True))
+    elif kind == "llama3-rope":
+        rope = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "rope_theta": 10000.0,
+        }
+        m = LlamaForCausalLM(LlamaConfig(**SHAPE, rope_parameters=rope))
+    elif kind == "qwen2":
+        m = Qwen2ForCausalLM(Qwen2Config(**SHAPE, use_sliding_window=False))
+    elif kind == "mistral":
+        m = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=None))
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():  # random init is near-uniform; make logits differ between tokens
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return m.to(dtype).eval()
+
+
+def _prefilled(model, B=3, P=7, extra=5, seed=0):
+    """A left-padded batch prefilled into a StaticCache the way the sampler does it."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (B, P), generator=g)
+    mask = torch.ones(B, P + extra, dtype=torch.long)
+    mask[1, :3] = 0  # left padding on two rows
+    mask[2, :1] = 0
+    mask[:, P:] = 0
+    pos = (mask[:, :P].cumsum(-1) - 1).clamp(min=0)
+    cache = StaticCache(config=model.config, max_cache_len=P + extra)
+    with torch.no_grad():
+        model(
+            input_ids=ids,
+            attention_mask=mask[:, :P],
+            position_ids=pos,
+            past_key_values=cache,
+            cache_position=torch.arange(P),
+            use_cache=True,
+        )
+    return ids, mask, pos[:, -1] + 1, cache
+
+
+def _layers(cache):
+    return [ly.keys for ly in cache.layers], [ly.values for ly in cache.layers]
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_step_logits_equal_the_model_forward(kind, dtype):
+    model = _model(kind, dtype)
+    if kind == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+    ids, mask, nxt_pos, cache = _prefilled(model)
+    _, _, _, cache_ref = _prefilled(model)
+    B, P = ids.shape
+    fast = FastDecoder.build(model, P + 5)
+    assert fast is not None
+    fast.rotary_tables(P + 5, dtype)
+    tok = torch.tensor([5, 17, 42])
+    for t in range(3):  # three steps: the cache written by the fast path feeds the next
+        mask[:, P + t] = 1
+        with torch.no_grad():
+            ref = (
+                model(
+                    input_ids=tok[:, None],
+                    attention_mask=mask[:, : P + t + 1],
+                    position_ids=(nxt_pos + t)[:, None],
+                    past_key_values=cache_ref,
+                    cache_position=torch.tensor([P + t]),
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
+        keys, values = _layers(cache)
+        got = fast.step(tok, nxt_pos + t, keys, values, P + t, mask[:, : P + t + 1].bool())
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+        torch.testing.assert_close(got, ref, **tol)
+        if dtype == torch.float32:
+            for a, b in zip(keys, _layers(cache_ref)[0]):
+                torch.testing.assert_close(a[:, :, : P + t + 1], b[:, :, : P + t + 1])
+        tok = ref.argmax(-1)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_greedy_tokens_equal_with_and_without_it(kind):
+    model = _model(kind)
+    ids, mask, _, _ = _prefilled(model, P=6, extra=0)
+    kw = dict(max_new_tokens=12, eos_ids=[3], pad_id=0, greedy=True, num_samples=2)
+    plain = sample(model, ids, mask, fused_decode=False, **kw)
+    fused = sample(model, ids, mask, fused_decode=True, **kw)
+    assert plain.shape[1] > 4 and torch.equal(fused, plain)
+    torch.manual_seed(3)
+    a = sample(model, ids, mask, max_new_tokens=10, eos_ids=[], pad_id=0, fused_decode=False)
+    torch.manual_seed(3)
+    b = sample(model, ids, mask, max_new_tokens=10, eos_ids=[], pad_id=0, fused_decode=True)
+    assert torch.equal(a, b)  # the same draws from the same distribution
+
+
+def test_models_it_does_not_reproduce_are_left_alone():
+    model = _model("llama")
+    assert _why_unsupported(model, 100) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert FastDecoder.build(model, 100) is None
+    mistral = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=16))
+    assert _why_unsupported(mistral, 100) == "sliding window"
+    assert _why_unsupported(mistral, 16) is None
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(_model("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
+    assert _why_unsupported(lora, 100) is not None
+    assert _why_unsupported(lora.get_base_model(), 100) is not None  # LoRA layers inside
