@@ -26,12 +26,22 @@ def lr_lambda(kind: str, warmup_steps: int, total_steps: int, min_lr_rate: float
 
 
 def build_optimizer(params, cfg) -> torch.optim.Optimizer:
+    """AdamW. Plain CPU/CUDA parameters get torch's fused kernel (one pass over each
+    parameter's four tensors instead of ~10 elementwise ops; same update up to float
+    rounding): measured here for SmolLM2-135M in fp32, 0.24 -> 0.08 s a step. Sharded
+    parameters (DTensor) keep the default implementation."""
+    params = list(params)
+    fused = bool(params) and all(
+        type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") and p.is_floating_point()
+        for p in params
+    )
     return torch.optim.AdamW(
         params,
         lr=cfg.learning_rate,
         betas=(cfg.adam_beta1, cfg.adam_beta2),
         eps=cfg.adam_epsilon,
         weight_decay=cfg.weight_decay,
+        fused=fused or None,
     )
 
 
