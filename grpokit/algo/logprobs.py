@@ -77,10 +77,13 @@ class _LinearLogProbs(torch.autograd.Function):
                 t = targets[s:e, None]
                 lg = lg_buf[:n]
                 _linear_into(
-                    hidden[s:e].to(cdtype), w, b, lg, None if mm_buf is None else mm_buf[:n]
+                    hidden[s:e].to(cdtype),
+                    w,
+                    b,
+                    lg,
+                    None if mm_buf is None else mm_buf[:n],
+                    scale=inv_temp,
                 )
-                if inv_temp != 1.0:
-                    lg.mul_(inv_temp)
                 ls = ls_buf[:n]
                 torch.ops.aten._log_softmax.out(lg, -1, False, out=ls)
                 lp = ls.gather(-1, t).squeeze(-1)
@@ -92,30 +95,36 @@ class _LinearLogProbs(torch.autograd.Function):
                         ent[s:e] = -torch.bmm(p.unsqueeze(1), ls.unsqueeze(2)).view(-1)
                     if keep:
                         probs[s:e] = p
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, logp, probs)
+        # the cdtype copy of the weight (a fresh cast per call otherwise: 28M elements for a
+        # 49k x 576 head) is kept for the backward instead of cast again there
+        ctx.save_for_backward(hidden, w, b, targets, lse, logp, probs)
+        ctx.w_dtype = weight.dtype
+        ctx.b_dtype = None if bias is None else bias.dtype
         ctx.inv_temp, ctx.cdtype, ctx.chunk = inv_temp, cdtype, chunk
         ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        hidden, weight, bias, targets, lse, logp, probs = ctx.saved_tensors
+        hidden, w, b, targets, lse, logp, probs = ctx.saved_tensors
         inv_temp, cdtype, chunk = ctx.inv_temp, ctx.cdtype, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        N, V, dev = hidden.shape[0], weight.shape[0], hidden.device
+        N, V, dev = hidden.shape[0], w.shape[0], hidden.device
         g_h = torch.empty_like(hidden) if need_h else None
-        g_w = torch.zeros(weight.shape, dtype=torch.float32, device=dev) if need_w else None
+        g_w = torch.zeros(w.shape, dtype=torch.float32, device=dev) if need_w else None
         g_b = None
-        if need_b and bias is not None:
-            g_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=dev)
+        if need_b and b is not None:
+            g_b = torch.zeros(w.shape[0], dtype=torch.float32, device=dev)
         rows_n = min(chunk, N)
-        grad_buf = torch.empty(rows_n, V, dtype=torch.float32, device=dev)
         low_buf = (
             None if cdtype == torch.float32 else torch.empty(rows_n, V, dtype=cdtype, device=dev)
         )
+        # With the softmax kept and a low-precision matmul, the gradient block is written
+        # straight in cdtype: the float32 product rounded once, as the copy from a float32
+        # block rounded it (bit-identical), one (chunk, V) float32 pass fewer.
+        direct = probs is not None and low_buf is not None
+        grad_buf = None if direct else torch.empty(rows_n, V, dtype=torch.float32, device=dev)
         with torch.autocast(dev.type, enabled=False):
-            w = weight.to(cdtype)
-            b = None if bias is None else bias.to(cdtype)
             rows = torch.arange(chunk, device=dev)
             for s in range(0, N, chunk):
                 e = min(N, s + chunk)
@@ -123,18 +132,18 @@ class _LinearLogProbs(torch.autograd.Function):
                 hc = hidden[s:e].to(cdtype)
                 # d logp / d logits = (onehot - softmax) / temperature
                 g = g_logp[s:e].float() * inv_temp
-                grad = grad_buf[:n]
+                grad = low_buf[:n] if direct else grad_buf[:n]
                 if probs is not None:
                     torch.mul(probs[s:e], (-g)[:, None], out=grad)
                 else:
-                    _linear_into(hc, w, b, grad, None if low_buf is None else low_buf[:n])
-                    if inv_temp != 1.0:
-                        grad.mul_(inv_temp)
+                    _linear_into(
+                        hc, w, b, grad, None if low_buf is None else low_buf[:n], scale=inv_temp
+                    )
                     grad.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])
                 # the target's term from its float32 probability (no cancellation in 1 - p)
                 p_t = logp[s:e].exp()
                 grad[rows[:n], targets[s:e]] = (g * (1.0 - p_t)).to(grad.dtype)
-                if low_buf is not None:
+                if low_buf is not None and not direct:
                     grad = low_buf[:n].copy_(grad)
                 if need_h:
                     g_h[s:e] = (grad @ w).to(hidden.dtype)
@@ -142,20 +151,26 @@ class _LinearLogProbs(torch.autograd.Function):
                     g_w.add_(grad.t() @ hc)
                 if g_b is not None:
                     g_b.add_(grad.float().sum(0))
-        g_w = None if g_w is None else g_w.to(weight.dtype)
-        g_b = None if g_b is None else g_b.to(bias.dtype)
+        g_w = None if g_w is None else g_w.to(ctx.w_dtype)
+        g_b = None if g_b is None else g_b.to(ctx.b_dtype)
         return g_h, g_w, g_b, None, None, None, None, None, None
 
 
-def _linear_into(x, w, b, out, low):
-    """out (float32, (n, V)) = x @ w.T + b, computed in x's dtype (through ``low`` when that
-    is not float32), without allocating an (n, V) result."""
+def _linear_into(x, w, b, out, low, scale: float = 1.0):
+    """out (float32, (n, V)) = (x @ w.T + b) * scale, the product computed in x's dtype
+    (through ``low`` when that is not float32), the scaling in float32, without allocating
+    an (n, V) result. From ``low`` the upcast and the scaling are one pass."""
     dst = out if low is None else low
     if b is None:
         torch.mm(x, w.t(), out=dst)
     else:
         torch.addmm(b, x, w.t(), out=dst)  # one rounding, as linear()
-    if low is not None:
+    if low is None:
+        if scale != 1.0:
+            out.mul_(scale)
+    elif scale != 1.0:  # a 1-element float32 tensor promotes the product to float32
+        torch.mul(low, torch.tensor([scale], dtype=torch.float32, device=low.device), out=out)
+    else:
         out.copy_(low)
 
 
