@@ -5,6 +5,13 @@
     python bench/speed.py --forced_length       # every completion runs to max_completion_length
     python bench/speed.py --configs a --rounds 4 --skip_check
     python bench/speed.py --sweep 64,128,256,512 --forced_length --skip_check  # grpokit only
+    python bench/speed.py --sides grpokit,trl,vllm-colocate,vllm-server   # + vLLM rollouts
+
+The vLLM sides run grpokit with ``use_vllm: true`` in ``.venv-vllm`` (``./run test-vllm``
+builds it; without it they are skipped with that message): ``vllm-colocate`` has vLLM in the
+training process, ``vllm-server`` starts ``grpokit rollout-server`` on a free port first
+(its start-up and peak RSS are reported; the RSS column adds it to the trainer's) and stops it
+after. ``--forced_length`` applies to them too.
 
 Both sides get the same model (a local SmolLM2-135M-Instruct directory), the same prompts in
 the same order (arithmetic, 1-2 digit operands, grpokit's seeded order written to a jsonl that
@@ -40,6 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "/root/.cache/grpokit/models/SmolLM2-135M-Instruct"
 GRPOKIT_PY = ROOT / ".venv" / "bin" / "python"
 TRL_PY = ROOT / ".venv-bench" / "bin" / "python"
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"  # ./run test-vllm builds it
+VLLM_SIDES = {"vllm-colocate": "colocate", "vllm-server": "server"}
 
 CONFIGS = {
     "a": {"label": "full FT, mu=1", "num_iterations": 1, "use_peft": False},
@@ -108,6 +117,17 @@ def _in_phase(fn, name: str):
     return wrapper
 
 
+def _forced(orig):
+    """``generate`` with min_new_tokens = max_new_tokens (no EOS before the maximum)."""
+    import dataclasses
+
+    def generate(self, prompt_ids, prompt_mask, params, num_generations=1):
+        params = dataclasses.replace(params, min_new_tokens=params.max_new_tokens)
+        return orig(self, prompt_ids, prompt_mask, params, num_generations)
+
+    return generate
+
+
 def child_grpokit(spec: dict) -> dict:
     import dataclasses
 
@@ -125,8 +145,22 @@ def child_grpokit(spec: dict) -> dict:
             return orig(self, prompt_ids, prompt_mask, params, num_generations)
 
         HFRolloutEngine.generate = generate
+        if spec.get("vllm_mode"):
+            from grpokit.rollout import vllm_engine
 
+            for cls in (vllm_engine.VLLMColocateEngine, vllm_engine.VLLMServerEngine):
+                cls.generate = _forced(cls.generate)
+
+    vllm = {}
+    if spec.get("vllm_mode"):
+        vllm = dict(
+            use_vllm=True,
+            vllm_mode=spec["vllm_mode"],
+            vllm_server_port=spec.get("vllm_port", 8000),
+            vllm_server_timeout=600.0,
+        )
     cfg = GRPOConfig(
+        **vllm,
         model_name_or_path=spec["model"],
         task="arithmetic",
         task_params=spec["task_params"],
@@ -194,6 +228,7 @@ def child_grpokit(spec: dict) -> dict:
         "body_params": n_params - emb.numel(),
         "matmul_gflops": _matmul_gflops(),
         "model_gemm_gflops": _model_gemm_gflops(trainer.model.config),
+        "engine_start_seconds": getattr(trainer.engine, "start_seconds", None),
     }
 
 
@@ -557,6 +592,68 @@ CHILDREN = {"data": child_data, "grpokit": child_grpokit, "trl": child_trl, "che
 
 
 # ============================================================================ driver
+class VLLMServer:
+    """``grpokit rollout-server`` in .venv-vllm on a free local port, for the vllm-server
+    side; ``stop`` kills it (whatever happened) and returns its peak RSS in GB."""
+
+    def __init__(self, model: str, dtype: str, workdir: Path):
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.cmd = [str(VLLM_PY.parent / "grpokit"), "rollout-server", "--model", model]
+        self.cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype]
+        self.log_path = workdir / "vllm-server.log"
+        self.proc = None
+        self.start_seconds = None
+
+    def start(self, timeout: float = 600.0) -> str | None:
+        """None once /health answers, else the reason it did not."""
+        import urllib.request
+
+        env = dict(os.environ, OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
+        self.log = open(self.log_path, "w")
+        t0 = time.time()
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT
+        )
+        url = f"http://127.0.0.1:{self.port}/health"
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text().splitlines()[-5:]
+                return f"exited with {self.proc.returncode}: " + " | ".join(tail)
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        self.start_seconds = time.time() - t0
+                        return None
+            except OSError:
+                time.sleep(1.0)
+        return f"no answer on {url} within {timeout:.0f} s"
+
+    def stop(self) -> float:
+        if self.proc is None:
+            return 0.0
+        peak = 0.0
+        try:  # VmHWM: the process's peak resident set, read before it goes
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) / 1024**2
+        except OSError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.proc = None
+        return peak
+
+
 def run_child(python: Path, kind: str, spec: dict, workdir: Path) -> tuple[dict | None, float, str]:
     """Run one child; returns (result, peak RSS in GB of that child, tail of its output)."""
     spec_path = workdir / f"{kind}-spec.json"
@@ -637,24 +734,36 @@ def summarize(res: dict, mu: int, warmup_rounds: int = 1) -> dict:
 
 def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     g, t = rows.get("grpokit"), rows.get("trl")
+    extra = [sd for sd in VLLM_SIDES if sd in rows]  # grpokit with vLLM rollouts
     cols = ["grpokit", f"TRL {t['version'] if t else ''}".strip(), "grpokit / TRL"]
+    for sd in extra:
+        cols += [f"grpokit + {sd}", f"{sd} / TRL", f"{sd} / grpokit"]
     lines = [
         f"### ({name}) {label}",
         "",
         "| | " + " | ".join(cols) + " |",
-        "| --- | ---: | ---: | ---: |",
+        "| --- |" + " ---: |" * len(cols),
     ]
 
+    def get(r, key, src):
+        if r is None:
+            return None
+        return r[src].get(key) if src == "summary" else r.get(key)
+
+    def cell(v, fmt):
+        return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+    def ratio(x, y):
+        ok = all(isinstance(v, (int, float)) and v for v in (x, y))
+        return f"{x / y:.2f}" if ok else "-"
+
     def row(title, key, fmt="{:.2f}", src="summary"):
-        vals = []
-        for r in (g, t):
-            v = None if r is None else (r[src].get(key) if src == "summary" else r.get(key))
-            vals.append(v)
-        cells = [fmt.format(v) if isinstance(v, (int, float)) else "-" for v in vals]
-        ratio = "-"
-        if all(isinstance(v, (int, float)) and v for v in vals):
-            ratio = f"{vals[0] / vals[1]:.2f}"
-        lines.append(f"| {title} | " + " | ".join(cells) + f" | {ratio} |")
+        vg, vt = get(g, key, src), get(t, key, src)
+        cells = [cell(vg, fmt), cell(vt, fmt), ratio(vg, vt)]
+        for sd in extra:
+            v = get(rows[sd], key, src)
+            cells += [cell(v, fmt), ratio(v, vt), ratio(v, vg)]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
 
     row("**s / step** (median, after warm-up)", "step")
     row("generation s", "generation")
@@ -671,10 +780,14 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     row("bf16 matmul GFLOP/s, 2048^3 (same process)", "matmul_bf16_gflops", "{:.0f}")
     row("bf16 GFLOP/s of this model's own products (2048 rows)", "model_gemm_gflops", "{:.0f}")
     row("... training executed as a share of it", "exec_of_shaped", "{:.0%}")
-    row("**peak RSS GB**", "rss_gb", src="top")
+    row("**peak RSS GB** (vllm-server: trainer + server)", "rss_gb", src="top")
     row("setup s (load, not timed)", "setup_seconds", "{:.1f}", src="top")
+    if extra:
+        row("vLLM engine start-up s (not timed)", "engine_start_seconds", "{:.1f}", src="top")
     n = [str(r["summary"].get("rounds", 0)) if r else "0" for r in (g, t)]
     lines.append(f"\nmeasured rounds: grpokit {n[0]}, TRL {n[1]}")
+    for sd in extra:
+        lines.append(f"measured rounds {sd}: {rows[sd]['summary'].get('rounds', 0)}")
     return "\n".join(lines)
 
 
@@ -691,7 +804,9 @@ def main() -> int:
     ap.add_argument("--model", default=os.environ.get("GRPOKIT_BENCH_MODEL", DEFAULT_MODEL))
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--skip_check", action="store_true", help="skip the loss/gradient check")
-    ap.add_argument("--sides", default="grpokit,trl")
+    ap.add_argument(
+        "--sides", default="grpokit,trl", help="grpokit, trl, vllm-colocate, vllm-server"
+    )
     ap.add_argument("--output_dir", default="outputs/bench-speed")
     ap.add_argument(
         "--sweep",
@@ -706,7 +821,16 @@ def main() -> int:
         Path(a._out).write_text(json.dumps(result))
         return 0
 
-    for py in (GRPOKIT_PY, TRL_PY):
+    sides = a.sides.split(",")
+    for side in sides:
+        if side not in ("grpokit", "trl", *VLLM_SIDES):
+            print(f"--sides: unknown side {side!r} (grpokit, trl, {', '.join(VLLM_SIDES)})")
+            return 2
+    if any(sd in VLLM_SIDES for sd in sides) and not VLLM_PY.exists():
+        print(f"missing {VLLM_PY}: the vLLM sides are skipped; `./run test-vllm` builds it")
+        sides = [sd for sd in sides if sd not in VLLM_SIDES]
+    needed = {GRPOKIT_PY} | ({TRL_PY} if ("trl" in sides or not a.skip_check) else set())
+    for py in needed:
         if not py.exists():
             print(f"missing {py}; see the setup in this file's docstring", file=sys.stderr)
             return 2
@@ -760,14 +884,32 @@ def main() -> int:
         mu = c["num_iterations"]
         spec = dict(base, num_iterations=mu, use_peft=c["use_peft"], steps=(1 + rounds) * mu)
         rows = {}
-        for side in a.sides.split(","):
-            py = GRPOKIT_PY if side == "grpokit" else TRL_PY
+        for side in sides:
+            py = {"grpokit": GRPOKIT_PY, "trl": TRL_PY}.get(side, VLLM_PY)
+            kind = "trl" if side == "trl" else "grpokit"
             sd = work / f"{name}-{side}"
             t0 = time.time()
-            r, rss, tail = run_child(py, side, dict(spec, output_dir=str(sd)), work)
+            side_spec = dict(spec, output_dir=str(sd), vllm_mode=VLLM_SIDES.get(side))
+            server = None
+            if side == "vllm-server":
+                server = VLLMServer(a.model, "bfloat16" if spec["bf16"] else "float32", work)
+                err = server.start()
+                if err:
+                    print(f"({name}) {side} FAILED: rollout server: {err}", flush=True)
+                    server.stop()
+                    continue
+                side_spec["vllm_port"] = server.port
+            try:
+                r, rss, tail = run_child(py, kind, side_spec, work)
+            finally:
+                server_rss = server.stop() if server else 0.0
             if r is None:
                 print(f"({name}) {side} FAILED after {time.time() - t0:.0f}s:\n{tail}", flush=True)
                 continue
+            if server:  # the trainer and its rollout server together
+                r["server_rss_gb"] = server_rss
+                r["engine_start_seconds"] = server.start_seconds
+                rss += server_rss
             r["rss_gb"] = rss
             r["wall_seconds"] = time.time() - t0
             r["summary"] = summarize(r, mu)
