@@ -664,6 +664,10 @@ def run_child(python: Path, kind: str, spec: dict, workdir: Path) -> tuple[dict 
     env = dict(os.environ)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "17179869184")  # as ./run sets them, for both sides
     env.setdefault("MALLOC_TRIM_THRESHOLD_", "17179869184")
+    if "glibc.malloc.hugetlb=" not in env.get("GLIBC_TUNABLES", ""):  # as ./run, both sides
+        env["GLIBC_TUNABLES"] = ":".join(
+            x for x in (env.get("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1") if x
+        )
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
