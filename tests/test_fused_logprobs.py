@@ -186,3 +186,37 @@ def test_micro_batch_split_minimises_token_positions(tmp_path, tiny_model_dir):
     ]
     for o in orders:  # no fixed split of 4 rows does better
         assert cost(parts) <= cost([o[s : s + 4] for s in range(0, 12, 4)])
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_bf16_reference_with_lowered_linears_is_bit_identical(tmp_path, tiny_model_dir, fused):
+    """Under bf16 autocast the frozen reference keeps its products' weights in bf16 (cast
+    once, not every forward); its log-probs equal those of the float32 copy under autocast
+    exactly, and the input embedding and norms stay float32."""
+    import copy
+
+    tr = GRPOTrainer(
+        tiny_run_config(
+            tiny_model_dir, tmp_path / "run", bf16=True, beta=0.04, fused_logprobs=fused
+        )
+    )
+    ref = tr.ref_model
+    assert ref.get_output_embeddings().weight.dtype == torch.bfloat16
+    assert ref.get_input_embeddings().weight.dtype == torch.float32
+    linears = [m for m in ref.modules() if type(m) is torch.nn.Linear]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert all(p.dtype == torch.float32 for n, p in ref.named_parameters() if "norm" in n)
+    ref32 = copy.deepcopy(tr.model).eval()  # the policy before any step is the reference
+    ro = _rollout(tr)
+    rows = torch.tensor([4, 0, 5, 2])
+    with torch.no_grad():
+        low, _ = tr.completion_logps(ref, ro, rows)
+        full, _ = tr.completion_logps(ref32, ro, rows)
+    assert torch.equal(low, full)
+    # mixed with the policy every few steps (sync_ref_model): it stays float32
+    tr2 = GRPOTrainer(
+        tiny_run_config(
+            tiny_model_dir, tmp_path / "run2", bf16=True, beta=0.04, sync_ref_model=True
+        )
+    )
+    assert all(p.dtype == torch.float32 for p in tr2.ref_model.parameters())

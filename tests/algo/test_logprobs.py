@@ -98,3 +98,36 @@ def test_linear_logprobs_bf16_compute_matches_autocast_path():
     torch.testing.assert_close(lp.double(), rlp, atol=1e-5, rtol=0)
     torch.testing.assert_close(gh, rgh.float(), atol=1e-2, rtol=1e-2)  # bf16 matmul rounding
     torch.testing.assert_close(gw, rgw.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_linear_logprobs_bf16_kept_softmax_backward_matches_recomputed():
+    """The bf16 backward from the kept softmax (no (N, V) gradient block; the per-row factor
+    applied outside the products) equals the one that recomputes each chunk's softmax, with
+    a bias, only some inputs needing gradients, and a second backward through the same graph
+    (the kept softmax is restored after its target entries were overwritten)."""
+    from grpokit.algo import linear_logprobs
+
+    g = torch.Generator().manual_seed(4)
+    N, H, V = 29, 24, 400
+    h0 = torch.randn(N, H, generator=g)
+    w0 = torch.randn(V, H, generator=g) * 0.3
+    b0 = torch.randn(V, generator=g) * 0.1
+    t = torch.randint(0, V, (N,), generator=g)
+    up = torch.randn(N, generator=g)
+    for wants in ((True, True, True), (True, False, False), (False, True, True)):
+        grads = []
+        for keep in (1 << 28, 0):
+            h, w, b = (x.clone().requires_grad_(r) for x, r in zip((h0, w0, b0), wants))
+            lp, _ = linear_logprobs(
+                h, w, t, bias=b, temperature=0.7, compute_dtype=torch.bfloat16,
+                chunk_tokens=8, keep_bytes=keep,
+            )  # fmt: skip
+            inputs = [x for x, r in zip((h, w, b), wants) if r]
+            first = torch.autograd.grad((lp * up).sum(), inputs, retain_graph=True)
+            second = torch.autograd.grad((lp * up).sum(), inputs)
+            for a, c in zip(first, second):
+                assert torch.equal(a, c)
+            grads.append(first)
+        for a, c in zip(*grads):
+            assert a.dtype == torch.float32
+            torch.testing.assert_close(a, c, atol=2e-2, rtol=2e-2)  # bf16 rounding
