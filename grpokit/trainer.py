@@ -32,6 +32,7 @@ from grpokit.algo import (
     selective_log_softmax,
 )
 from grpokit.algo.advantages import group_reward_stats
+from grpokit.algo.attention import training_attention
 from grpokit.checkpoint import (
     fault_point,
     latest_checkpoint,
@@ -194,6 +195,12 @@ class GRPOTrainer:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.amp_dtype = torch.bfloat16 if c.bf16 else None
+        if self.ref_model is not None and self.amp_dtype is not None:
+            # frozen: its products' weights are cast once here instead of by autocast in
+            # every reference forward (same values); not when it is mixed with the policy
+            # (sync_ref_model) or handed to a sharding engine
+            if not c.sync_ref_model and not self.launch.sharded:
+                _lower_frozen_linears(self.ref_model, self.amp_dtype)
         if c.use_vllm:
             self.engine = self._vllm_engine()
         else:
@@ -270,6 +277,13 @@ class GRPOTrainer:
             self.engine.model = self.model
             self.engine.full_params = lambda: self.sharded.full_params(self.model)
             self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # checkpointed layers recompute their forward inside the backward, outside the
+        # route: they keep transformers' SDPA for both
+        self._own_attention_backward = (
+            self.cfg.attention_backward
+            and self.device.type == "cpu"
+            and not _checkpointing(self.model)
+        )
         self.train_positions = 0  # token positions through the model in training forwards
         self._rss_base: int | None = None  # highest RSS of the first steps (heap trimming)
         self.scheduler = build_scheduler(self.optimizer, self.cfg, self.total_steps)
@@ -632,7 +646,8 @@ class GRPOTrainer:
         s_logps = b.rollout.sampling_logps  # (N, C) from vLLM, None from the HF engine
         extremes: dict[str, float] = {}
         for sl in self._micro_batches(b.rollout, keep_order=c.loss_type == "bnpo"):
-            logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
+            with training_attention(self._own_attention_backward):
+                logp, ent = self.completion_logps(self.model, b.rollout, sl, with_entropy=True)
             if record is not None:
                 record[sl] = logp.detach()
             is_w, is_m = None, {}
@@ -1109,6 +1124,28 @@ def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def _lower_frozen_linears(model, dtype: torch.dtype) -> int:
+    """Store the weights of ``model``'s plain ``nn.Linear`` layers (the output head included,
+    untied from a float32 input embedding, which stays as it is) in ``dtype``.
+
+    For a frozen model run under autocast to ``dtype``, whose products cast their weights
+    to ``dtype`` anyway: the log-probs are bit-identical, the per-forward casts of every
+    weight go (about a 3-byte-per-parameter pass each reference micro-batch), and the
+    weights take half the memory. Norms, embeddings and everything outside the products stay
+    in their dtype. Returns the number of layers lowered."""
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    n = 0
+    for m in model.modules():
+        if type(m) is not torch.nn.Linear or m.weight.dtype == dtype:
+            continue
+        if m is out_emb and in_emb is not None and m.weight is in_emb.weight:
+            m.weight = torch.nn.Parameter(m.weight.detach().to(dtype), requires_grad=False)
+        else:
+            m.to(dtype)
+        n += 1
+    return n
+
+
 def _mix_into(ref, model, alpha: float) -> None:
     """TR-DPO reference update (Gorbatovski et al. 2024): ref <- alpha*policy + (1-alpha)*ref."""
     for pr, pm in zip(ref.parameters(), model.parameters()):
