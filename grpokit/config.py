@@ -129,6 +129,9 @@ class GRPOConfig:
     share_prompt_forward: bool = (
         True  # each distinct prompt runs once per micro-batch (see trainer)
     )
+    attention_backward: bool = (
+        True  # CPU training forward: SDPA forward, grpokit's batched backward (attention.py)
+    )
     bf16_sampling_copy: bool = True  # with bf16 (full fine-tuning): sample from a bf16 copy
 
     # vLLM rollouts (README, "vLLM rollouts"); needs the vllm package (./run test-vllm)

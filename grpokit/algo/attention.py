@@ -1,0 +1,185 @@
+"""Attention for the training forward on CPU: PyTorch's SDPA forward, a backward of our own.
+
+On CPU, SDPA's flash-attention backward is the slowest part of a GRPO training step on a
+small model: measured here, 16 rows x 9 heads x 129 queries x 184 keys in bf16 took ~38 ms
+backward against ~4 ms forward (a blocked kernel that recomputes softmax tiles one query
+block at a time). With the short sequences of GRPO completions the whole (queries, keys)
+score matrix of a few rows fits in memory, so the backward here recomputes it in one go
+with batched products and elementwise passes: ~13 ms for the same shape.
+
+Mathematics (the usual attention backward, as flash attention does it on GPUs):
+
+    S = scale * Q K^T (+ mask), P = softmax(S), O = P V
+    dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,
+    dK = scale dS^T Q
+
+S, P, dP and dS are float32; the products that consume P and dS run in the inputs' dtype
+(bf16 under autocast), as flash attention's do. Grouped-query attention runs on the key/value
+heads directly (each key/value head's query heads stacked as extra query rows), so neither
+the forward nor the backward repeats keys and values per query head.
+
+Used through :func:`training_attention`, a context manager that routes transformers'
+``sdpa`` attention to :func:`sdpa_train_attention` for the forwards that build a graph; the
+no-grad forwards (reference, generation) and anything this does not cover (dropout, soft-
+capping, attention sinks, non-CPU devices) go to transformers' own function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+# bound on one (rows, heads, queries, keys) float32 block of the backward; larger batches
+# are processed in row slices
+_BLOCK_BYTES = 1 << 26
+# In float32 SDPA's backward was as fast (27.7 vs 29.5 ms fwd+bwd for 16 x 9 x 129 x 184,
+# GQA 3): the route applies to bf16/fp16 only unless this is set (tests set it).
+FLOAT32_TOO = False
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        # q (B, G, R*Lq, D): the R query heads of key/value head G stacked; k, v (B, G, Lk, D);
+        # mask: bool (B or 1, 1, R*Lq, Lk), True = attend, or None
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        ctx.save_for_backward(q, k, v, out, mask)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, g_out):
+        q, k, v, out, mask = ctx.saved_tensors
+        scale = ctx.scale
+        B, G, Lq, D = q.shape
+        Lk = k.shape[2]
+        dt = q.dtype
+        ct = torch.promote_types(dt, torch.float32)  # scores and softmax: float32 at least
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        per_row = G * Lq * Lk * ct.itemsize
+        step = max(1, _BLOCK_BYTES // max(per_row, 1))
+        empty_rows = mask is not None and not bool(mask.any(-1).all())
+        for s in range(0, B, step):
+            e = min(B, s + step)
+            qs, ks, vs = q[s:e], k[s:e], v[s:e]
+            gs, os_ = g_out[s:e], out[s:e]
+            S = torch.matmul(qs.to(ct), ks.to(ct).transpose(-1, -2)).mul_(scale)
+            if mask is not None:
+                m = mask if mask.shape[0] == 1 else mask[s:e]
+                S.masked_fill_(~m, float("-inf"))
+            P = torch.softmax(S, dim=-1)
+            del S
+            if empty_rows:  # a query that sees no key: softmax gives NaN, its output is unused
+                P.nan_to_num_(0.0)
+            Pl = P.to(dt)
+            dv[s:e] = torch.matmul(Pl.transpose(-1, -2), gs.to(dt))
+            del Pl
+            gf = gs.to(ct)
+            dP = torch.matmul(gf, vs.to(ct).transpose(-1, -2))
+            delta = (gf * os_.to(ct)).sum(-1, keepdim=True)
+            dS = P.mul_(dP.sub_(delta)).mul_(scale)
+            del dP
+            dSl = dS.to(dt)
+            dq[s:e] = torch.matmul(dSl, ks)
+            dk[s:e] = torch.matmul(dSl.transpose(-1, -2), qs)
+        return dq, dk, dv, None, None
+
+
+def attention(q, k, v, mask, scale):
+    """Attention over (B, H, Lq, D) queries and (B, G, Lk, D) keys/values with H = R*G
+    (query head h reads key/value head h // R, as transformers' ``repeat_kv``); ``mask`` is
+    a bool (B or 1, 1, Lq, Lk) mask (True = attend) or None (no mask). Returns (B, H, Lq, D).
+    Differentiable with the backward above."""
+    B, H, Lq, D = q.shape
+    G = k.shape[1]
+    R = H // G
+    qp = q.reshape(B, G, R * Lq, D)
+    mp = None
+    if mask is not None:
+        mp = mask[:, :, None].expand(mask.shape[0], 1, R, Lq, mask.shape[-1])
+        mp = mp.reshape(mask.shape[0], 1, R * Lq, mask.shape[-1])
+    out = _Attention.apply(qp, k, v, mp, scale)
+    return out.view(B, H, Lq, D)
+
+
+def _causal_mask(Lq: int, Lk: int, device) -> torch.Tensor:
+    """(1, 1, Lq, Lk) bool: query i (the last Lq positions) sees keys 0 .. Lk - Lq + i."""
+    qi = torch.arange(Lq, device=device)[:, None] + (Lk - Lq)
+    return (torch.arange(Lk, device=device)[None, :] <= qi)[None, None]
+
+
+def sdpa_train_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+    **kwargs,
+):  # fmt: skip
+    """transformers attention-interface function: :func:`attention` for CPU bf16/fp16
+    forwards that build a graph, transformers' ``sdpa_attention_forward`` for everything
+    else."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    unsupported = (
+        dropout
+        or not torch.is_grad_enabled()
+        or query.device.type != "cpu"
+        or not (query.requires_grad or key.requires_grad or value.requires_grad)
+        or kwargs.get("softcap") is not None
+        or kwargs.get("s_aux") is not None
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("cache") is not None
+        or kwargs.get("output_attentions", False)
+        or (attention_mask is not None and attention_mask.dtype != torch.bool)
+        or query.shape[1] % key.shape[1] != 0
+        or key.shape[-1] != value.shape[-1]
+    )
+    if unsupported:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+            is_causal=is_causal, **kwargs,
+        )  # fmt: skip
+    Lq, Lk = query.shape[2], key.shape[2]
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[:, :, :, :Lk]
+    else:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        if causal and Lq > 1:
+            mask = _causal_mask(Lq, Lk, query.device)
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    if torch.is_autocast_enabled("cpu"):
+        dt = torch.get_autocast_dtype("cpu")
+    else:
+        dt = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+    if dt.itemsize >= 4 and not FLOAT32_TOO:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+            is_causal=is_causal, **kwargs,
+        )  # fmt: skip
+    query, key, value = query.to(dt), key.to(dt), value.to(dt)
+    with torch.autocast("cpu", enabled=False):
+        out = attention(query, key, value, mask, scale)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def training_attention(enabled: bool = True):
+    """Route transformers' ``sdpa`` attention through :func:`sdpa_train_attention` inside
+    the block (models loaded with ``attn_implementation="sdpa"``, the default)."""
+    if not enabled:
+        yield
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    had = "sdpa" in local
+    prev = local.get("sdpa")
+    local["sdpa"] = sdpa_train_attention
+    try:
+        yield
+    finally:
+        if had:
+            local["sdpa"] = prev
+        else:
+            local.pop("sdpa", None)

@@ -1,0 +1,156 @@
+"""grpokit's attention backward (SDPA forward, batched float32 backward) against SDPA's own
+autograd, alone and inside the trainer's training forward."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpokit.algo import attention as A
+
+
+def _repeat(x, r):
+    b, g, n, d = x.shape
+    return x[:, :, None].expand(b, g, r, n, d).reshape(b, g * r, n, d)
+
+
+def _inputs(dtype, B=5, H=6, G=2, Lq=7, Lk=11, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Lq, D, generator=g).to(dtype)
+    k = torch.randn(B, G, Lk, D, generator=g).to(dtype)
+    v = torch.randn(B, G, Lk, D, generator=g).to(dtype)
+    mask = A._causal_mask(Lq, Lk, "cpu").expand(B, 1, Lq, Lk).clone()
+    mask[1, :, :, :3] = False  # left padding of one row
+    mask[2, :, 0, :] = False  # a query that sees nothing (a padding position)
+    up = torch.randn(B, H, Lq, D, generator=g).to(dtype)
+    return q, k, v, mask, up
+
+
+def _grads(fn, q, k, v, up):
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    out = fn(q, k, v)
+    return (out, *torch.autograd.grad(out, (q, k, v), up))
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float64, 1e-10), (torch.bfloat16, 5e-2)])
+def test_attention_matches_sdpa_autograd(dtype, atol, monkeypatch):
+    q, k, v, mask, up = _inputs(dtype)
+    R = q.shape[1] // k.shape[1]
+    live = mask.any(-1, keepdim=True)  # (B, 1, Lq, 1): rows with at least one key
+
+    def ref(q, k, v):
+        out = F.scaled_dot_product_attention(q, _repeat(k, R), _repeat(v, R), attn_mask=mask)
+        return out * live  # SDPA's output for a query without keys is not defined
+
+    def ours(q, k, v):
+        return A.attention(q, k, v, mask, q.shape[-1] ** -0.5) * live
+
+    expect = _grads(ref, q, k, v, up)
+    got = _grads(ours, q, k, v, up)
+    for a, b in zip(got, expect):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        torch.testing.assert_close(a.double(), b.double(), atol=atol, rtol=atol)
+    # the backward in row slices (a bound on its float32 blocks) gives the same numbers
+    monkeypatch.setattr(A, "_BLOCK_BYTES", 1)
+    for a, b in zip(_grads(ours, q, k, v, up), got):
+        assert torch.equal(a, b)
+
+
+def test_attention_without_mask_and_causal():
+    q, k, v, _, up = _inputs(torch.float64, Lq=6, Lk=6)
+    causal = A._causal_mask(6, 6, "cpu")
+    ref = _grads(
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, _repeat(k, 3), _repeat(v, 3), is_causal=True
+        ),
+        q, k, v, up,
+    )  # fmt: skip
+    got = _grads(lambda q, k, v: A.attention(q, k, v, causal, 8**-0.5), q, k, v, up)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+    full = _grads(lambda q, k, v: A.attention(q, k, v, None, 8**-0.5), q, k, v, up)
+    ref_full = _grads(
+        lambda q, k, v: F.scaled_dot_product_attention(q, _repeat(k, 3), _repeat(v, 3)),
+        q, k, v, up,
+    )  # fmt: skip
+    for a, b in zip(full, ref_full):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+
+
+def test_training_attention_routes_only_graph_building_cpu_forwards():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    before = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    with A.training_attention():
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is A.sdpa_train_attention
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+    with A.training_attention(enabled=False):
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is before
+
+
+@pytest.mark.parametrize("overrides", [{}, {"share_prompt_forward": False}, {"bf16": True}])
+def test_trainer_forward_with_own_attention_backward(
+    tmp_path, tiny_model_dir, overrides, monkeypatch
+):
+    """The trainer's training forward with ``attention_backward`` on and off: same log-probs
+    (the forward is SDPA's either way) and the same gradients, through the shared-prompt KV
+    cache, the padded batch, and under bf16 autocast."""
+    from grpokit.algo.attention import training_attention
+    from grpokit.testing import tiny_run_config
+    from grpokit.trainer import GRPOTrainer
+    from tests.test_fused_logprobs import _rollout
+
+    monkeypatch.setattr(A, "FLOAT32_TOO", True)  # tight float32 check of the routing
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", **overrides))
+    ro = _rollout(tr)
+    rows = torch.tensor([4, 0, 5, 2])
+    mask = ro.completion_mask[rows].float()
+    out = {}
+    calls = []
+    orig = A._Attention.backward
+
+    def counting(ctx, g):
+        calls.append(1)
+        return orig(ctx, g)
+
+    for on in (True, False):
+        tr.model.zero_grad(set_to_none=True)
+        A._Attention.backward = staticmethod(counting)
+        try:
+            with training_attention(on):
+                logp, _ = tr.completion_logps(tr.model, ro, rows)
+            (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+        finally:
+            A._Attention.backward = staticmethod(orig)
+        grads = {n: p.grad.clone() for n, p in tr.model.named_parameters() if p.grad is not None}
+        out[on] = (logp * mask, grads)
+        assert bool(calls) == on  # ours ran only when routed
+        calls.clear()
+    (l1, g1), (l0, g0) = out[True], out[False]
+    torch.testing.assert_close(l1, l0, atol=1e-6 if not overrides.get("bf16") else 2e-2, rtol=0)
+    tol = 1e-4 if not overrides.get("bf16") else 5e-2
+    for n in g0:
+        scale = g0[n].abs().max().clamp(min=1e-6)
+        assert ((g1[n] - g0[n]).abs().max() / scale).item() < tol, n
+    assert dataclasses.replace(tr.cfg).attention_backward is True
+
+
+def test_float32_forwards_keep_sdpa(tmp_path, tiny_model_dir):
+    """In float32 (where SDPA's backward measured as fast) the route is not taken."""
+    from grpokit.algo.attention import training_attention
+    from grpokit.testing import tiny_run_config
+    from grpokit.trainer import GRPOTrainer
+    from tests.test_fused_logprobs import _rollout
+
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run"))
+    ro = _rollout(tr)
+    seen = []
+    orig = A._Attention.apply
+    try:
+        A._Attention.apply = lambda *a: seen.append(1) or orig(*a)
+        with training_attention():
+            tr.completion_logps(tr.model, ro, torch.tensor([0, 1]))
+    finally:
+        A._Attention.apply = orig
+    assert not seen
