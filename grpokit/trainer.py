@@ -277,6 +277,8 @@ class GRPOTrainer:
             self.engine.model = self.model
             self.engine.full_params = lambda: self.sharded.full_params(self.model)
             self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.sharded:
+            _sparse_tied_embedding_grad(self.model)
         # checkpointed layers recompute their forward inside the backward, outside the
         # route: they keep transformers' SDPA for both
         self._own_attention_backward = (
@@ -1124,6 +1126,26 @@ def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def _sparse_tied_embedding_grad(model) -> bool:
+    """When the trained input embedding is tied to the output head, make its lookup's
+    gradient sparse (the rows the batch used) instead of a dense (V, H) tensor.
+
+    The head's gradient is dense and reaches the same parameter in the same backward, and
+    autograd adds the sparse part into it, so ``.grad`` is dense as before (same values up to
+    float summation order). What goes is, per lookup, a zero-filled (V, H) float32 tensor
+    and one (V, H) addition: for a 49k x 576 embedding, 113 MB of fresh memory each, measured
+    at 20-150 ms a lookup here (page faults), with two lookups a micro-batch under the
+    shared-prompt forward. Not for an untied embedding, whose sparse gradient would reach
+    the optimizer, nor a frozen one."""
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if type(emb) is not torch.nn.Embedding or head is None:
+        return False
+    if emb.weight is not getattr(head, "weight", None) or not emb.weight.requires_grad:
+        return False
+    emb.sparse = True
+    return True
+
+
 def _lower_frozen_linears(model, dtype: torch.dtype) -> int:
     """Store the weights of ``model``'s plain ``nn.Linear`` layers (the output head included,
     untied from a float32 input embedding, which stays as it is) in ``dtype``.

@@ -220,3 +220,26 @@ def test_bf16_reference_with_lowered_linears_is_bit_identical(tmp_path, tiny_mod
         )
     )
     assert all(p.dtype == torch.float32 for p in tr2.ref_model.parameters())
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_tied_embedding_sparse_lookup_gradient(tmp_path, tiny_model_dir, fused):
+    """The tied embedding's lookup gradient is sparse; autograd adds it into the head's
+    dense gradient, so the parameter's .grad is dense and equals the all-dense one, over two
+    accumulated micro-batches."""
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", fused_logprobs=fused))
+    emb = tr.model.get_input_embeddings()
+    assert emb.weight is tr.model.get_output_embeddings().weight and emb.sparse
+    ro = _rollout(tr)
+    grads = {}
+    for sparse in (True, False):
+        emb.sparse = sparse
+        tr.model.zero_grad(set_to_none=True)
+        for rows in (torch.tensor([4, 0]), torch.tensor([5, 2])):
+            logp, _ = tr.completion_logps(tr.model, ro, rows)
+            (logp * ro.completion_mask[rows]).sum().backward()
+        grads[sparse] = emb.weight.grad
+    assert grads[True].layout == torch.strided
+    torch.testing.assert_close(grads[True], grads[False], atol=1e-6, rtol=1e-6)
+    lora = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "lora", use_peft=True, lora_r=4))
+    assert not lora.model.get_input_embeddings().sparse  # frozen: left alone
