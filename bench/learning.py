@@ -30,8 +30,12 @@ def main() -> int:
     cmd = [sys.executable, "-m", "grpokit", "train", str(ROOT / "recipes" / "default.yaml"), *args]
     print("$", " ".join(cmd), flush=True)
     env = dict(os.environ)
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "17179869184")  # as ./run sets them
+    env.setdefault("MALLOC_MMAP_MAX_", "0")  # as ./run sets them
     env.setdefault("MALLOC_TRIM_THRESHOLD_", "17179869184")
+    if "glibc.malloc.hugetlb=" not in env.get("GLIBC_TUNABLES", ""):
+        env["GLIBC_TUNABLES"] = ":".join(
+            x for x in (env.get("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1") if x
+        )
     rc = subprocess.call(cmd, env=env)
     wall = time.time() - t0
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2

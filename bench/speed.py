@@ -553,7 +553,30 @@ def child_check(spec: dict) -> dict:
             fused_lm_head=True,
         ).log_probs[:, -C:]
     m = c_mask.bool()
+    # bf16, as the timed runs: TRL's loss under autocast (as accelerate runs it with bf16) and
+    # grpokit's bf16 paths (fused head with the kept bf16 softmax, its attention backward),
+    # both on-policy, each compared with the float32 gradient above: grpokit's bf16 rounding
+    # should cost no more accuracy than TRL's.
+    from grpokit.algo.attention import training_attention
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        trl_bf = trainer._compute_loss(model, inputs_on)
+    trl_bf.backward()
+    g_trl_bf = grads()
+    fake.amp_dtype = torch.bfloat16
+    with training_attention(True):
+        logp_bf, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+    gk_bf = policy_loss(
+        logp_bf, None, ref, adv, c_mask, loss_type="dapo", epsilon_low=eps, beta=beta
+    )[0]
+    gk_bf.backward()
+    g_gk_bf = grads()
     return {
+        "bf16_trl_grad_rel_to_fp32": _rel(g_trl_on, g_trl_bf),
+        "bf16_grpokit_grad_rel_to_fp32": _rel(g_trl_on, g_gk_bf),
+        "bf16_trl_vs_grpokit_grad_rel": _rel(g_trl_bf, g_gk_bf),
+        "bf16_loss_trl": trl_bf.item(),
+        "bf16_loss_grpokit": gk_bf.item(),
         "N": N,
         "C": C,
         "loss_trl": trl_loss.item(),
@@ -662,7 +685,7 @@ def run_child(python: Path, kind: str, spec: dict, workdir: Path) -> tuple[dict 
     spec_path.write_text(json.dumps(spec))
     log_path = workdir / f"{kind}.log"
     env = dict(os.environ)
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "17179869184")  # as ./run sets them, for both sides
+    env.setdefault("MALLOC_MMAP_MAX_", "0")  # as ./run sets them, for both sides
     env.setdefault("MALLOC_TRIM_THRESHOLD_", "17179869184")
     if "glibc.malloc.hugetlb=" not in env.get("GLIBC_TUNABLES", ""):  # as ./run, both sides
         env["GLIBC_TUNABLES"] = ":".join(
@@ -877,6 +900,14 @@ def main() -> int:
                 f"cosine {chk['grad_cosine']:.6f}; on-policy (no old log-probs): gradient "
                 f"relative diff {chk['on_policy_grad_rel_diff']:.2e}, "
                 f"cosine {chk['on_policy_grad_cosine']:.6f}",
+                flush=True,
+            )
+            print(
+                "bf16 (on-policy, autocast on both sides), gradient relative diff to the fp32 "
+                f"gradient: TRL {chk['bf16_trl_grad_rel_to_fp32']:.2e}, grpokit "
+                f"{chk['bf16_grpokit_grad_rel_to_fp32']:.2e}; TRL vs grpokit "
+                f"{chk['bf16_trl_vs_grpokit_grad_rel']:.2e}; loss TRL {chk['bf16_loss_trl']:.6f} "
+                f"grpokit {chk['bf16_loss_grpokit']:.6f}",
                 flush=True,
             )
 

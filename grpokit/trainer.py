@@ -1046,9 +1046,9 @@ def _rss_bytes() -> int | None:
 def _release_freed_memory(base: int | None, step: int) -> int | None:
     """Bound the heap's growth (glibc ``malloc_trim``), checked once a step.
 
-    ``./run`` keeps freed memory in the heap (``MALLOC_TRIM_THRESHOLD_`` and
-    ``MALLOC_MMAP_THRESHOLD_`` at 16 GB) because fresh pages cost a page fault each (training
-    20 s -> 15 s a step). Tensors of a different size every step then fragment the heap, and
+    ``./run`` keeps freed memory in the heap (``MALLOC_TRIM_THRESHOLD_`` at 16 GB,
+    ``MALLOC_MMAP_MAX_=0`` so that blocks over 32 MB are not mmapped and unmapped on free)
+    because fresh pages cost a page fault each (training 20 s -> 15 s a step). Tensors of a different size every step then fragment the heap, and
     the default run's RSS grew by ~0.12 GB a step (8.9 GB after 40 steps). Trimming returns
     every free page, which the next step faults in again: measured on the speed bench's (a)
     rollouts, 200-600 thousand page faults and 1.3-1.4 s more training time in a step after a
