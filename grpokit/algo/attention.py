@@ -130,7 +130,10 @@ def sdpa_train_attention(
         or kwargs.get("position_bias") is not None
         or kwargs.get("cache") is not None
         or kwargs.get("output_attentions", False)
-        or (attention_mask is not None and attention_mask.dtype != torch.bool)
+        or (
+            attention_mask is not None
+            and (attention_mask.dtype != torch.bool or attention_mask.shape[1] != 1)
+        )
         or query.shape[1] % key.shape[1] != 0
         or key.shape[-1] != value.shape[-1]
     )
