@@ -5,7 +5,8 @@ small model: measured here, 16 rows x 9 heads x 129 queries x 184 keys in bf16 t
 backward against ~4 ms forward (a blocked kernel that recomputes softmax tiles one query
 block at a time). With the short sequences of GRPO completions the whole (queries, keys)
 score matrix of a few rows fits in memory, so the backward here recomputes it in one go
-with batched products and elementwise passes: ~13 ms for the same shape.
+with batched products and elementwise passes: ~20 ms for the same shape. Past ~192 queries
+a row SDPA's blocked kernel wins again (it skips masked blocks), so longer forwards keep it.
 
 Mathematics (the usual attention backward, as flash attention does it on GPUs):
 
@@ -38,6 +39,11 @@ _BLOCK_BYTES = 1 << 26
 # In float32 SDPA's backward was as fast (27.7 vs 29.5 ms fwd+bwd for 16 x 9 x 129 x 184,
 # GQA 3): the route applies to bf16/fp16 only unless this is set (tests set it).
 FLOAT32_TOO = False
+# Past this many queries SDPA's blocked backward wins (it skips fully masked blocks; this one
+# computes every score). bf16 fwd+bwd, ours / SDPA, 9 heads, GQA 3, 16 rows: 65 queries x 120
+# keys 0.45, 129 x 184 0.59, 129 x 320 0.70, 193 x 248 0.92, 225 x 280 1.42, 257 x 312 1.58;
+# 8 rows x 513 x 568 1.50.
+MAX_QUERIES = 192
 
 
 class _Attention(torch.autograd.Function):
@@ -123,6 +129,7 @@ def sdpa_train_attention(
     unsupported = (
         dropout
         or not torch.is_grad_enabled()
+        or query.shape[2] > MAX_QUERIES
         or query.device.type != "cpu"
         or not (query.requires_grad or key.requires_grad or value.requires_grad)
         or kwargs.get("softcap") is not None

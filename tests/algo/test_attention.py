@@ -136,14 +136,18 @@ def test_trainer_forward_with_own_attention_backward(
     assert dataclasses.replace(tr.cfg).attention_backward is True
 
 
-def test_float32_forwards_keep_sdpa(tmp_path, tiny_model_dir):
-    """In float32 (where SDPA's backward measured as fast) the route is not taken."""
+@pytest.mark.parametrize("why", ["float32", "long"])
+def test_float32_and_long_forwards_keep_sdpa(tmp_path, tiny_model_dir, why, monkeypatch):
+    """In float32 (where SDPA's backward measured as fast) and past MAX_QUERIES queries
+    (where SDPA's blocked backward wins) the route is not taken."""
     from grpokit.algo.attention import training_attention
     from grpokit.testing import tiny_run_config
     from grpokit.trainer import GRPOTrainer
     from tests.test_fused_logprobs import _rollout
 
-    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run"))
+    if why == "long":
+        monkeypatch.setattr(A, "MAX_QUERIES", 1)
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", bf16=why == "long"))
     ro = _rollout(tr)
     seen = []
     orig = A._Attention.apply
