@@ -1048,7 +1048,8 @@ def _release_freed_memory(base: int | None, step: int) -> int | None:
 
     ``./run`` keeps freed memory in the heap (``MALLOC_TRIM_THRESHOLD_`` at 16 GB,
     ``MALLOC_MMAP_MAX_=0`` so that blocks over 32 MB are not mmapped and unmapped on free)
-    because fresh pages cost a page fault each (training 20 s -> 15 s a step). Tensors of a different size every step then fragment the heap, and
+    because fresh pages cost a page fault each (training 20 s -> 15 s a step). Tensors of a
+    different size every step then fragment the heap, and
     the default run's RSS grew by ~0.12 GB a step (8.9 GB after 40 steps). Trimming returns
     every free page, which the next step faults in again: measured on the speed bench's (a)
     rollouts, 200-600 thousand page faults and 1.3-1.4 s more training time in a step after a
@@ -1125,7 +1126,6 @@ def _pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.shape[1] < width else x
 
 
-@torch.no_grad()
 def _sparse_tied_embedding_grad(model) -> bool:
     """When the trained input embedding is tied to the output head, make its lookup's
     gradient sparse (the rows the batch used) instead of a dense (V, H) tensor.
@@ -1168,6 +1168,7 @@ def _lower_frozen_linears(model, dtype: torch.dtype) -> int:
     return n
 
 
+@torch.no_grad()
 def _mix_into(ref, model, alpha: float) -> None:
     """TR-DPO reference update (Gorbatovski et al. 2024): ref <- alpha*policy + (1-alpha)*ref."""
     for pr, pm in zip(ref.parameters(), model.parameters()):

@@ -126,8 +126,13 @@ def sdpa_train_attention(
     else."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    if torch.is_autocast_enabled("cpu"):
+        dt = torch.get_autocast_dtype("cpu")
+    else:
+        dt = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
     unsupported = (
         dropout
+        or (dt.itemsize >= 4 and not FLOAT32_TOO)
         or not torch.is_grad_enabled()
         or query.shape[2] > MAX_QUERIES
         or query.device.type != "cpu"
@@ -158,15 +163,6 @@ def sdpa_train_attention(
         if causal and Lq > 1:
             mask = _causal_mask(Lq, Lk, query.device)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
-    if torch.is_autocast_enabled("cpu"):
-        dt = torch.get_autocast_dtype("cpu")
-    else:
-        dt = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
-    if dt.itemsize >= 4 and not FLOAT32_TOO:
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-            is_causal=is_causal, **kwargs,
-        )  # fmt: skip
     query, key, value = query.to(dt), key.to(dt), value.to(dt)
     with torch.autocast("cpu", enabled=False):
         out = attention(query, key, value, mask, scale)
