@@ -76,7 +76,7 @@ PHASES = ("generation", "scoring", "reference", "training", "other")
 # ============================================================================ children
 def child_data(spec: dict) -> dict:
     """grpokit's training rows, in the order grpokit's sampler visits them."""
-    from grpokit.data import PromptSampler
+    from grpokit.prompts import PromptSampler
     from grpokit.tasks import get_task
 
     task = get_task("arithmetic", seed=spec["seed"], **spec["task_params"])
@@ -441,7 +441,6 @@ def child_trl(spec: dict) -> dict:
 
 def child_check(spec: dict) -> dict:
     """Same batch, same weights: TRL's _compute_loss vs grpokit's completion_logps + policy_loss."""
-    import types
 
     import torch
     from datasets import load_dataset
@@ -449,8 +448,8 @@ def child_check(spec: dict) -> dict:
     from trl import GRPOTrainer
 
     from grpokit.algo import policy_loss
+    from grpokit.forward import LogProbs
     from grpokit.rollout.base import Rollout
-    from grpokit.trainer import GRPOTrainer as GKTrainer
 
     torch.manual_seed(0)
     N, C, beta, eps, temp = 8, 24, 0.04, 0.2, spec["temperature"]
@@ -491,16 +490,11 @@ def child_check(spec: dict) -> dict:
     c_mask = (torch.arange(C)[None] < lengths[:, None]).long()
     c_ids = torch.randint(0, 20000, (N, C)).masked_fill(c_mask == 0, pad)
     ro = Rollout(p_ids, p_mask, c_ids, c_mask, lengths == C, [""] * N)
-    # grpokit's own log-prob code on TRL's model: a bare trainer object with only the config
-    # fields completion_logps reads (the shared-prompt forward is on, as in the timed runs)
-    fake = object.__new__(GKTrainer)
-    fake.cfg = types.SimpleNamespace(
-        temperature=temp, fused_logprobs=True, share_prompt_forward=True
-    )
-    fake.amp_dtype = None
-    fake.train_positions = 0
+    # grpokit's own log-prob code on TRL's model (the shared-prompt forward and the fused
+    # head are on, as in the timed runs)
+    logprobs = LogProbs(temperature=temp, amp_dtype=None, fused=True, share_prompts=True)
     with torch.no_grad():
-        base, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+        base, _ = logprobs(model, ro, slice(None))
     old = (base + 0.3 * torch.randn_like(base)) * c_mask
     ref = (base + 0.5 * torch.randn_like(base)) * c_mask
     adv = torch.randn(N)
@@ -526,7 +520,7 @@ def child_check(spec: dict) -> dict:
     trl_loss.backward()
     g_trl = grads()
 
-    logp, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+    logp, _ = logprobs(model, ro, slice(None))
     gk_loss, _ = policy_loss(
         logp, old, ref, adv, c_mask, loss_type="dapo", epsilon_low=eps, epsilon_high=eps, beta=beta
     )
@@ -538,7 +532,7 @@ def child_check(spec: dict) -> dict:
     inputs_on = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}
     trainer._compute_loss(model, inputs_on).backward()
     g_trl_on = grads()
-    logp_on, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+    logp_on, _ = logprobs(model, ro, slice(None))
     policy_loss(logp_on, None, ref, adv, c_mask, loss_type="dapo", epsilon_low=eps, beta=beta)[
         0
     ].backward()
@@ -557,15 +551,15 @@ def child_check(spec: dict) -> dict:
     # grpokit's bf16 paths (fused head with the kept bf16 softmax, its attention backward),
     # both on-policy, each compared with the float32 gradient above: grpokit's bf16 rounding
     # should cost no more accuracy than TRL's.
-    from grpokit.algo.attention import training_attention
+    from grpokit.speed.attention import training_attention
 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         trl_bf = trainer._compute_loss(model, inputs_on)
     trl_bf.backward()
     g_trl_bf = grads()
-    fake.amp_dtype = torch.bfloat16
+    logprobs.amp_dtype = torch.bfloat16
     with training_attention(True):
-        logp_bf, _ = GKTrainer.completion_logps(fake, model, ro, slice(None))
+        logp_bf, _ = logprobs(model, ro, slice(None))
     gk_bf = policy_loss(
         logp_bf, None, ref, adv, c_mask, loss_type="dapo", epsilon_low=eps, beta=beta
     )[0]

@@ -164,3 +164,83 @@ def load_trainer_files(ckpt: Path) -> dict[str, Any]:
         else None,
         "config_yaml": (ckpt / "config.yaml").read_text(),
     }
+
+
+# Keys that change what training means: a resume with a different value is refused.
+RESUME_LOCKED_KEYS = (
+    "model_name_or_path", "task", "task_params", "dataset_name", "dataset_config",
+    "dataset_train_split", "max_train_samples", "num_generations", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "num_iterations", "use_peft", "lora_r", "lora_alpha",
+    "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",
+    "torch_dtype", "system_prompt", "dataset_prompt_column",
+)  # fmt: skip
+
+
+def check_resume_config(saved: dict[str, Any], cfg, ckpt: Path) -> None:
+    """Refuse to resume from ``ckpt`` (whose config was ``saved``) when ``cfg`` changes a key
+    of ``RESUME_LOCKED_KEYS``, naming each change."""
+    diffs = [k for k in RESUME_LOCKED_KEYS if saved.get(k) != getattr(cfg, k)]
+    if diffs:
+        lines = ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(cfg, k)!r}" for k in diffs)
+        raise ValueError(
+            f"cannot resume from {ckpt}: the config changes what training means ({lines}); "
+            "resume with the checkpoint's values or start a new output_dir"
+        )
+
+
+class NonFiniteSkips:
+    """Steps whose loss or gradient was not finite get no update: each one is counted
+    (``counters["skipped_nonfinite_steps"]``), its inputs dumped for a post-mortem, and the
+    run stops after ``max_in_a_row`` in a row."""
+
+    def __init__(self, out: Path, max_in_a_row: int, *, is_main: bool = True):
+        self.out, self.max_in_a_row, self.is_main = Path(out), max_in_a_row, is_main
+        self.in_a_row = 0
+
+    def passed(self) -> None:
+        self.in_a_row = 0
+
+    def skip(self, step: int, batch, model, counters: dict[str, int]) -> None:
+        import logging
+
+        counters["skipped_nonfinite_steps"] = counters.get("skipped_nonfinite_steps", 0) + 1
+        self.in_a_row += 1
+        dump = self.out / f"nonfinite-step-{step}.pt"
+        if self.is_main:
+            dump_nonfinite(dump, step, batch, model)
+        logging.getLogger("grpokit").warning(
+            "non-finite loss or gradient at step %d: update skipped, inputs dumped to %s",
+            step,
+            dump,
+        )
+        if self.in_a_row >= self.max_in_a_row:
+            raise FloatingPointError(
+                f"{self.in_a_row} consecutive steps had a non-finite loss or gradient; "
+                f"stopping. Inputs of the last one: {dump}. Lower learning_rate, check the "
+                "rewards, or use torch_dtype float32"
+            )
+
+
+def dump_nonfinite(path: Path, step: int, batch, model) -> None:
+    """Save what went into a step whose loss or gradient was not finite, for a post-mortem:
+    the batch's advantages, masks, completions and log-probs, and the names of parameters
+    that are not finite (this rank's shard of sharded parameters)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nonfinite_params = [
+        n
+        for n, p in model.named_parameters()
+        if not torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+    ]
+    torch.save(
+        {
+            "step": step,
+            "advantages": batch.advantages,
+            "loss_mask": batch.loss_mask,
+            "completion_ids": batch.rollout.completion_ids,
+            "texts": batch.rollout.texts,
+            "old_logp": batch.old_logp,
+            "ref_logp": batch.ref_logp,
+            "nonfinite_params": nonfinite_params,
+        },
+        path,
+    )

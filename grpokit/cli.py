@@ -157,9 +157,9 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
-    from grpokit.data import render_prompts, tokenize_prompts
     from grpokit.distributed import resolve_device
     from grpokit.models import load_model_and_tokenizer
+    from grpokit.prompts import render_prompts, tokenize_prompts
     from grpokit.rollout.base import SamplingParams
     from grpokit.rollout.hf import HFRolloutEngine
 
@@ -235,7 +235,7 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
         import torch
 
         from grpokit.config import ConfigError
-        from grpokit.engines import check_launch, launch_from_accelerate_config
+        from grpokit.launch import check_launch, launch_from_accelerate_config
 
         try:
             launch, nproc = launch_from_accelerate_config(opts.accelerate_config)

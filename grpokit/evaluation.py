@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpokit.data import render_prompts, tokenize_prompts
+from grpokit.prompts import render_prompts, tokenize_prompts
 from grpokit.rollout.base import SamplingParams
 from grpokit.scoring import reward_name, score
 
@@ -86,6 +87,29 @@ def evaluate(
         out["pass@1"] = by_prompt.mean().item()
         out[f"pass@{num_samples}"] = by_prompt.max(dim=1).values.mean().item()
     return out
+
+
+def evaluate_rows(engine, task, rows, reward_funcs, cfg) -> dict[str, Any]:
+    """``evaluate`` with a run config's batch size and lengths, timed (``seconds``)."""
+    t0 = time.time()
+    r = evaluate(
+        engine,
+        task,
+        rows,
+        reward_funcs,
+        batch_size=cfg.per_device_eval_batch_size,
+        max_new_tokens=cfg.eval_max_completion_length or cfg.max_completion_length,
+        max_prompt_length=cfg.max_prompt_length,
+    )
+    r["seconds"] = time.time() - t0
+    return r
+
+
+def describe_eval(tag: str, r: dict[str, Any]) -> str:
+    return (
+        f"eval {tag}: accuracy {r['accuracy']:.3f}, format {r['format_rate']:.3f} "
+        f"on {r['num_prompts']} held-out prompts ({r['seconds']:.0f}s)"
+    )
 
 
 def save_eval(result: dict[str, Any], path: str | Path) -> None:

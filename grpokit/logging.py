@@ -105,3 +105,20 @@ def _plain(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
+
+
+def truncate_logs(run_dir: Path, step: int) -> None:
+    """Drop what a killed run logged after its last checkpoint (at ``step``): keep only the
+    rows of metrics.jsonl and completions.jsonl whose step is <= ``step``."""
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        kept = [
+            ln
+            for ln in path.read_text().splitlines()
+            if ln.strip() and json.loads(ln).get("step", 0) <= step
+        ]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(ln + "\n" for ln in kept))
+        tmp.replace(path)

@@ -91,14 +91,14 @@ def no_chat_template(tmp):
 
 
 def long_prompt(tmp):
-    from grpokit.data import tokenize_prompts
+    from grpokit.prompts import tokenize_prompts
     from grpokit.testing import make_tokenizer
 
     return tokenize_prompts(make_tokenizer(), ["word " * 50], max_prompt_length=8, on_long="error")
 
 
 def too_little_data(tmp):
-    from grpokit.data import PromptSampler
+    from grpokit.prompts import PromptSampler
 
     return PromptSampler(3, 4, seed=0)
 

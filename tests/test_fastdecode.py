@@ -1,4 +1,4 @@
-"""The fused decode step (grpokit/rollout/fastdecode.py) computes what transformers' forward
+"""The fused decode step (grpokit/speed/fastdecode.py) computes what transformers' forward
 computes: next-token logits equal to the model's own forward over the same cache (fp32
 tight, bf16 within bf16 rounding), for Llama with grouped-query attention, Qwen2 (q/k/v
 biases) and Mistral; greedy tokens from the sampler equal with and without it; and models
@@ -16,8 +16,8 @@ from transformers import (
     StaticCache,
 )
 
-from grpokit.rollout.fastdecode import FastDecoder, _why_unsupported
 from grpokit.rollout.sampler import sample
+from grpokit.speed.fastdecode import FastDecoder, _why_unsupported
 
 SHAPE = dict(
     vocab_size=97,

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from grpokit.data import PromptSampler, columns_for_rewards
+from grpokit.prompts import PromptSampler, columns_for_rewards
 from grpokit.rollout.base import completion_mask_from_eos
 from grpokit.scoring import RewardError, combine, score
 

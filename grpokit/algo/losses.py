@@ -137,21 +137,25 @@ def policy_loss(
         loss = per_token.sum() / denom
 
     with torch.no_grad():
-        n_tok = mask.sum().clamp(min=1.0)
-        a = adv.expand_as(ratio)
-        low = ((ratio < 1.0 - epsilon_low) & (a < 0)).to(mask.dtype) * mask
-        high = ((ratio > 1.0 + eps_high) & (a > 0)).to(mask.dtype) * mask
-        metrics = {
-            "clip_ratio/low_mean": low.sum() / n_tok,
-            "clip_ratio/high_mean": high.sum() / n_tok,
-            "clip_ratio/region_mean": (low + high).sum() / n_tok,
-            "kl": (kl * mask).sum() / n_tok
-            if kl is not None
-            else torch.zeros((), device=mask.device),
-        }
-        if entropy is not None:
-            metrics["entropy"] = (entropy * mask).sum() / n_tok
+        metrics = _loss_metrics(ratio, adv, mask, kl, entropy, epsilon_low, eps_high)
     return loss, metrics
+
+
+def _loss_metrics(ratio, adv, mask, kl, entropy, epsilon_low: float, eps_high: float):
+    """Token means of the clipped fractions, the KL and the entropy (detached scalars)."""
+    n_tok = mask.sum().clamp(min=1.0)
+    a = adv.expand_as(ratio)
+    low = ((ratio < 1.0 - epsilon_low) & (a < 0)).to(mask.dtype) * mask
+    high = ((ratio > 1.0 + eps_high) & (a > 0)).to(mask.dtype) * mask
+    metrics = {
+        "clip_ratio/low_mean": low.sum() / n_tok,
+        "clip_ratio/high_mean": high.sum() / n_tok,
+        "clip_ratio/region_mean": (low + high).sum() / n_tok,
+        "kl": (kl * mask).sum() / n_tok if kl is not None else torch.zeros((), device=mask.device),
+    }
+    if entropy is not None:
+        metrics["entropy"] = (entropy * mask).sum() / n_tok
+    return metrics
 
 
 def sampling_is_weights(

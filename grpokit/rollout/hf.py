@@ -66,13 +66,13 @@ class HFRolloutEngine:
         policy cannot run a decode loop whose length differs across ranks). Call before the
         policy is wrapped by an engine."""
         self.sampling_dtype = dtype
-        self._sampling_model()
+        self.sampling_model()
 
     def weights_updated(self) -> None:
         """The policy's weights changed (optimizer step, resume): refresh the copy."""
         self._stale = True
 
-    def _sampling_model(self):
+    def sampling_model(self):
         if self.sampling_dtype is None:
             return self.model, self.autocast_dtype
         peft = hasattr(self.model, "get_base_model")
@@ -107,7 +107,7 @@ class HFRolloutEngine:
         prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
         ids = prompt_ids.repeat_interleave(num_generations, dim=0)  # (N, P)
         mask = prompt_mask.repeat_interleave(num_generations, dim=0)
-        model, amp = self._sampling_model()
+        model, amp = self.sampling_model()
         was_training = model.training
         model.eval()
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.rollout.fastdecode import FastDecoder
+from grpokit.speed.fastdecode import FastDecoder
 
 
 def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:

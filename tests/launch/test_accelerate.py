@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from grpokit.config import ConfigError
-from grpokit.engines import Launch, check_launch, launch_from_env
+from grpokit.launch import Launch, check_launch, launch_from_env
 from grpokit.testing import tiny_run_config
 
 HERE = Path(__file__).parent
-CONFIGS = HERE.parent / "recipes" / "accelerate"
+CONFIGS = HERE.parents[1] / "recipes" / "accelerate"
 GPU = torch.device("cuda", 0)
 
 
@@ -46,7 +46,7 @@ def _assert_same_run(one, two):
 
 
 def _run(cmd, timeout=300):
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
 
@@ -180,7 +180,7 @@ def test_trainer_refuses_a_sharded_launch_on_cpu_before_loading(tmp_path, tiny_m
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_config_file_and_launcher_env_agree(name):
     """grpokit plan reads the yaml; training reads the launcher's environment: same launch."""
-    from grpokit.engines import launch_from_accelerate_config
+    from grpokit.launch import launch_from_accelerate_config
 
     launch, nproc = launch_from_accelerate_config(str(CONFIGS / name))
     assert launch == launch_from_env(_accelerate_env(CONFIGS / name)) == EXPECTED[name][1]
@@ -190,13 +190,13 @@ def test_config_file_and_launcher_env_agree(name):
 def test_plan_with_accelerate_config(capsys, tmp_path):
     from grpokit.cli import main
 
-    recipe = str(HERE.parent / "recipes" / "default.yaml")
+    recipe = str(HERE.parents[1] / "recipes" / "default.yaml")
     assert main(["plan", recipe, "--accelerate_config", str(CONFIGS / "fsdp.yaml"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["plan"]["zero_stage"] == 3 and d["plan"]["batch"]["num_processes"] == 8
     # sharded weights: sampling needs a whole copy of the weights on every GPU
     assert d["plan"]["memory"]["sampling_copy"] >= d["plan"]["memory"]["weights"] * 8 // 2
-    lora = str(HERE.parent / "recipes" / "smoltldr_lora.yaml")
+    lora = str(HERE.parents[1] / "recipes" / "smoltldr_lora.yaml")
     assert main(["plan", lora, "--accelerate_config", str(CONFIGS / "deepspeed_zero3.yaml")]) == 2
     assert "use_peft with DeepSpeed ZeRO-3" in capsys.readouterr().err
     assert main(["plan", lora, "--accelerate_config", str(CONFIGS / "deepspeed_zero2.yaml")]) == 0
@@ -210,7 +210,7 @@ def test_accumulation_set_in_the_accelerate_config_must_match_the_recipe(tmp_pat
         check_launch(cfg, launch, GPU, deepspeed_installed=True)
     check_launch(cfg, launch_from_env(env), GPU, deepspeed_installed=True)
     # the yaml route (grpokit plan) sees the same key
-    from grpokit.engines import launch_from_accelerate_config
+    from grpokit.launch import launch_from_accelerate_config
 
     text = (CONFIGS / "deepspeed_zero2.yaml").read_text()
     yml = tmp_path / "ga.yaml"

@@ -132,14 +132,14 @@ def test_nonfinite_steps_are_skipped_dumped_and_stop_the_run(tmp_path, tiny_mode
         }
     )
     tr = GRPOTrainer(cfg)
-    real = tr.completion_logps
+    real = tr.logprobs
 
     def poisoned(model, ro, rows, with_entropy=False):
         logp, ent = real(model, ro, rows, with_entropy)
         return logp * float("nan"), ent
 
     before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
-    tr.completion_logps = poisoned
+    tr.opt.gradients.logprobs = poisoned
     with pytest.raises(FloatingPointError, match="2 consecutive steps.*nonfinite-step-2.pt"):
         tr.train()
     assert (tmp_path / "nan" / "nonfinite-step-1.pt").exists()
@@ -158,14 +158,14 @@ def test_old_logps_are_the_first_steps_own(tmp_path, tiny_model_dir):
     from grpokit.trainer import GRPOTrainer
 
     tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "r", num_iterations=2))
-    batch, _, _ = tr._rollout_and_score(tr._next_rows())
+    batch, _, _ = tr.collect_round()
     assert batch.old_logp is None
     with torch.no_grad():
-        expected = tr._logps_no_grad(tr.model, batch.rollout)
-    tr._optimizer_step(batch)
+        expected = tr.logprobs.no_grad(tr.model, batch.rollout, tr.opt.plan(batch.rollout))
+    tr.optimizer_step(batch)
     mask = batch.rollout.completion_mask.bool()
     assert batch.old_logp is not None and mask.any()
     torch.testing.assert_close(batch.old_logp[mask], expected[mask], atol=1e-5, rtol=0)
     kept = batch.old_logp.clone()
-    m = tr._optimizer_step(batch)  # the second step uses them; they are not overwritten
+    m = tr.optimizer_step(batch)  # the second step uses them; they are not overwritten
     assert torch.equal(batch.old_logp, kept) and m["loss"] == m["loss"]

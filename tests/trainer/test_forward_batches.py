@@ -1,14 +1,13 @@
 """The trainer's fused head + trimmed micro-batches compute the same log-probs, entropies and
 gradients as the model's own forward over the whole padded batch (the unfused path)."""
 
-import dataclasses
-
 import pytest
 import torch
 
+from grpokit.forward import fused_head, shared_prompts
 from grpokit.rollout.base import Rollout, completion_mask_from_eos
 from grpokit.testing import tiny_run_config
-from grpokit.trainer import GRPOTrainer, _fused_head
+from grpokit.trainer import GRPOTrainer
 
 
 def _rollout(tr, n=6, P=9, C=11, seed=0):
@@ -29,13 +28,13 @@ def _rollout(tr, n=6, P=9, C=11, seed=0):
 
 
 def _compare(tr, ro, atol, grad_rtol):
-    assert _fused_head(tr.model) is not None
+    assert fused_head(tr.model) is not None
     rows = torch.tensor([4, 0, 5, 2])
     out = {}
     for fused in (True, False):
-        tr.cfg = dataclasses.replace(tr.cfg, fused_logprobs=fused)
+        tr.logprobs.fused = fused
         tr.model.zero_grad(set_to_none=True)
-        logp, ent = tr.completion_logps(tr.model, ro, rows, with_entropy=True)
+        logp, ent = tr.logprobs(tr.model, ro, rows, with_entropy=True)
         mask = ro.completion_mask[rows].float()
         (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads = {n: p.grad.clone() for n, p in tr.model.named_parameters() if p.grad is not None}
@@ -78,18 +77,20 @@ def test_micro_batches_group_by_length_except_bnpo(tmp_path, tiny_model_dir):
         )
     )
     ro = _rollout(tr, n=6)
-    parts = tr._micro_batches(ro)
+    parts = tr.opt.plan(ro)
     assert sorted(torch.cat(parts).tolist()) == list(range(6)) and max(map(len, parts)) <= 4
     # the longest row pads only its own micro-batch
     total = ro.prompt_mask.sum(-1) + ro.completion_mask.sum(-1)
     longest = int(total.argmax())
     assert [longest in p.tolist() for p in parts].count(True) == 1
-    assert torch.cat(tr._micro_batches(ro, keep_order=True)).tolist() == list(range(6))
-    assert [len(p) for p in tr._micro_batches(ro, keep_order=True)] == [4, 2]
+    assert torch.cat(tr.opt.plan(ro, keep_order=True)).tolist() == list(range(6))
+    assert [len(p) for p in tr.opt.plan(ro, keep_order=True)] == [4, 2]
     # no-grad log-probs are per row: the grouping cannot change them
     with torch.no_grad():
-        whole = tr.completion_logps(tr.model, ro, slice(None))[0]
-    torch.testing.assert_close(tr._logps_no_grad(tr.model, ro), whole, atol=1e-5, rtol=0)
+        whole = tr.logprobs(tr.model, ro, slice(None))[0]
+    torch.testing.assert_close(
+        tr.logprobs.no_grad(tr.model, ro, tr.opt.plan(ro)), whole, atol=1e-5, rtol=0
+    )
 
 
 def _grouped_rollout(tr, G=4, seed=1):
@@ -135,18 +136,18 @@ def test_shared_prompt_forward_matches_one_forward_per_row(
     ro = _grouped_rollout(tr)
     rows = torch.tensor([0, 5, 1, 9, 2, 4, 11])  # 3 distinct prompts, repeated
     p = ro.prompt_ids[rows][:, -3:]
-    assert tr._shared_prompts(tr.model, p, ro.prompt_mask[rows][:, -3:]) is not None
+    assert shared_prompts(p, ro.prompt_mask[rows][:, -3:]) is not None
     out = {}
     for share in (True, False):
-        tr.cfg = dataclasses.replace(tr.cfg, share_prompt_forward=share)
+        tr.logprobs.share_prompts = share
         tr.model.zero_grad(set_to_none=True)
-        logp, ent = tr.completion_logps(tr.model, ro, rows, with_entropy=True)
+        logp, ent = tr.logprobs(tr.model, ro, rows, with_entropy=True)
         mask = ro.completion_mask[rows].float()
         (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads = {n: q.grad.clone() for n, q in tr.model.named_parameters() if q.grad is not None}
         out[share] = (logp * mask, ent * mask, grads)
         with torch.no_grad():  # the no-grad passes (reference, old log-probs) too
-            out[share] += (tr._logps_no_grad(tr.model, ro),)
+            out[share] += (tr.logprobs.no_grad(tr.model, ro, tr.opt.plan(ro)),)
     (ls, es, gs, ns), (lu, eu, gu, nu) = out[True], out[False]
     torch.testing.assert_close(ls, lu, atol=atol, rtol=0)
     torch.testing.assert_close(es, eu, atol=atol * 10, rtol=0)
@@ -158,7 +159,7 @@ def test_shared_prompt_forward_matches_one_forward_per_row(
 
 
 def test_micro_batch_split_minimises_token_positions(tmp_path, tiny_model_dir):
-    from grpokit.trainer import FORWARD_COST_TOKENS
+    from grpokit.batch import FORWARD_COST_TOKENS
 
     tr = GRPOTrainer(
         tiny_run_config(
@@ -166,7 +167,7 @@ def test_micro_batch_split_minimises_token_positions(tmp_path, tiny_model_dir):
         )
     )
     ro = _grouped_rollout(tr)  # 3 prompts x 4
-    parts = tr._micro_batches(ro)
+    parts = tr.opt.plan(ro)
     assert sorted(torch.cat(parts).tolist()) == list(range(12)) and max(map(len, parts)) <= 4
     plen, clen = ro.prompt_mask.sum(-1), ro.completion_mask.sum(-1)
 
@@ -210,8 +211,8 @@ def test_bf16_reference_with_lowered_linears_is_bit_identical(tmp_path, tiny_mod
     ro = _rollout(tr)
     rows = torch.tensor([4, 0, 5, 2])
     with torch.no_grad():
-        low, _ = tr.completion_logps(ref, ro, rows)
-        full, _ = tr.completion_logps(ref32, ro, rows)
+        low, _ = tr.logprobs(ref, ro, rows)
+        full, _ = tr.logprobs(ref32, ro, rows)
     assert torch.equal(low, full)
     # mixed with the policy every few steps (sync_ref_model): it stays float32
     tr2 = GRPOTrainer(
@@ -236,7 +237,7 @@ def test_tied_embedding_sparse_lookup_gradient(tmp_path, tiny_model_dir, fused):
         emb.sparse = sparse
         tr.model.zero_grad(set_to_none=True)
         for rows in (torch.tensor([4, 0]), torch.tensor([5, 2])):
-            logp, _ = tr.completion_logps(tr.model, ro, rows)
+            logp, _ = tr.logprobs(tr.model, ro, rows)
             (logp * ro.completion_mask[rows]).sum().backward()
         grads[sparse] = emb.weight.grad
     assert grads[True].layout == torch.strided

@@ -94,7 +94,7 @@ def test_train_logs_moves_params_and_reloads(tmp_path, tiny_model_dir):
 def test_recomputed_logps_match_sampling_distribution(tmp_path, tiny_model_dir):
     """The training forward (left padding, position ids, temperature) reproduces the
     log-probs of the distribution generate() sampled from."""
-    from grpokit.data import render_prompts, tokenize_prompts
+    from grpokit.prompts import render_prompts, tokenize_prompts
     from grpokit.trainer import GRPOTrainer
 
     cfg = _cfg(tmp_path, tiny_model_dir, temperature=0.7, max_eval_samples=0)
@@ -129,7 +129,7 @@ def test_recomputed_logps_match_sampling_distribution(tmp_path, tiny_model_dir):
 
     ro = Rollout(ids, mask, comp, torch.ones_like(comp), torch.zeros(3, dtype=torch.bool), [""] * 3)
     with torch.no_grad():
-        logp, _ = tr.completion_logps(tr.model, ro, slice(0, 3))
+        logp, _ = tr.logprobs(tr.model, ro, slice(0, 3))
     torch.testing.assert_close(logp, ref, atol=1e-4, rtol=1e-4)
 
 

@@ -1,12 +1,12 @@
 """Run by tests/test_accelerate.py under torchrun with 2 gloo ranks: the trainer's sharded
-path (grpokit.engines.ShardedTraining) with real FSDP2 (torch fully_shard) on CPU.
+path (grpokit.launch.ShardedTraining) with real FSDP2 (torch fully_shard) on CPU.
 
 accelerate 1.15 enables FSDP only on GPU-like devices (on CPU its distributed_type stays NO),
 so the three calls accelerate makes for FSDP2 are made here directly: ``prepare`` shards each
 decoder layer and the root with ``fully_shard`` and builds the optimizer on the sharded
 parameters; ``backward`` is ``loss.backward()`` (FSDP2 averages gradients over ranks, so the
 loss is scaled by the world size exactly as ShardedTraining.backward does when accumulation
-is 1); ``clip_grad_norm`` is torch's clip on DTensor gradients. Everything else (launch
+is 1); ``reduce_and_clip`` is torch's clip on DTensor gradients. Everything else (launch
 handling, sampling from a copy refreshed with gathered parameters, gathered full-weight
 saving, the per-rank bookkeeping) is grpokit's own sharded path. After training every rank
 checks that its sampling copy equals the saved full weights.
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import _dist_worker  # noqa: E402
 
 from grpokit import distributed as dist  # noqa: E402
-from grpokit import engines  # noqa: E402
+from grpokit import launch as engines  # noqa: E402
 from grpokit import trainer as T  # noqa: E402
 from grpokit.optim import build_optimizer  # noqa: E402
 
@@ -44,7 +44,7 @@ class TorchFSDP2(engines.ShardedTraining):
                 fully_shard(m)
         fully_shard(model)
         opt = build_optimizer([p for p in model.parameters() if p.requires_grad], self.cfg)
-        return model, opt, (None if ref_model is None else self._prepare_reference(ref_model))
+        return model, opt, (None if ref_model is None else self.prepare_reference(ref_model))
 
     def begin_step(self):
         pass
@@ -52,7 +52,7 @@ class TorchFSDP2(engines.ShardedTraining):
     def backward(self, model, loss):
         (loss * dist.world_size()).backward()
 
-    def clip_grad_norm(self, model, params, max_norm):
+    def reduce_and_clip(self, model, params, max_norm):
         n = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return n.full_tensor() if hasattr(n, "full_tensor") else n
 
@@ -67,17 +67,17 @@ class TorchFSDP2(engines.ShardedTraining):
 
 
 def main():
-    T.ShardedTraining = TorchFSDP2
+    T.training_strategy = TorchFSDP2
     T.launch_from_env = lambda: engines.Launch("fsdp", fsdp_version=2)
     T.check_launch = lambda *a, **k: None  # it refuses FSDP on CPU, rightly for accelerate
     train = T.GRPOTrainer.train
 
     def train_then_check_copy(self):
         out = train(self)
-        assert self.sharded is not None and not self.cfg.fused_logprobs
+        assert self.strategy.sharded and not self.cfg.fused_logprobs
         assert all(hasattr(p, "full_tensor") for p in self.model.parameters())  # sharded
         self.engine.weights_updated()
-        copy = dict(self.engine._sampling_model()[0].named_parameters())
+        copy = dict(self.engine.sampling_model()[0].named_parameters())
         dist.barrier()
         saved = load_file(os.path.join(self.cfg.output_dir, "final", "model.safetensors"))
         for k, v in saved.items():

@@ -44,15 +44,15 @@ def test_stop_and_resume_is_identical(tmp_path, tiny_model_dir):
         {**BASE, "model_name_or_path": tiny_model_dir, "output_dir": str(tmp_path / "b")}
     )
     tb = GRPOTrainer(cfg)
-    real_step = tb._optimizer_step
+    real_step = tb.optimizer_step
 
     def step_then_signal(batch):
         out = real_step(batch)
         if tb.step == 2:
-            tb._stop_requested = True  # what the SIGINT/SIGTERM handler does
+            tb.request_stop()  # what the SIGINT/SIGTERM handler does
         return out
 
-    tb._optimizer_step = step_then_signal
+    tb.optimizer_step = step_then_signal
     res = tb.train()
     assert res["stopped"] and res["step"] == 2
     assert (tmp_path / "b" / "checkpoint-2" / "trainer_state.json").exists()

@@ -19,7 +19,7 @@ def _rows(out):
 def test_two_ranks_match_one_process(tmp_path, tiny_model_dir, one_process_run):
     from safetensors.torch import load_file
 
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "OMP_NUM_THREADS": "1"}
     one = one_process_run
     two = tmp_path / "two"
     subprocess.run(

@@ -1,4 +1,6 @@
-"""How this process was launched, the startup checks for it, and the sharded engines.
+"""How this process was launched, the startup checks for it, and the training strategy:
+``LocalTraining`` (one process, or data parallel) or ``ShardedTraining`` (FSDP2, DeepSpeed),
+one interface, so the loop never asks which.
 
 grpokit has two ways to train over several processes:
 
@@ -91,6 +93,10 @@ def launch_from_accelerate_config(path: str) -> tuple[Launch, int]:
     return launch, int(c.num_processes or 1)
 
 
+def training_strategy(cfg, launch: Launch):
+    return ShardedTraining(cfg, launch) if launch.sharded else LocalTraining(launch)
+
+
 def check_launch(
     cfg, launch: Launch, device: torch.device, deepspeed_installed: bool | None = None
 ) -> None:
@@ -147,6 +153,48 @@ def check_launch(
         raise ConfigError("cannot start this launch:\n  - " + "\n  - ".join(errors))
 
 
+class LocalTraining:
+    """One process, or data parallel: every rank holds the whole model and optimizer, and
+    grpokit sums the gradients over ranks itself (``distributed.sum_gradients``)."""
+
+    sharded = False
+    every_rank_runs_backward = False  # a non-finite loss can stop the micro-batch loop
+    steps_in_backward = False
+    fixed_micro_batches = False
+
+    def __init__(self, launch: Launch | None = None):
+        self.launch = launch or Launch("data_parallel")
+
+    def adjust_config(self, cfg):
+        return cfg
+
+    def prepare(self, model, optimizer, ref_model):
+        return model, optimizer, ref_model
+
+    def begin_step(self) -> None:
+        pass
+
+    def backward(self, model, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def reduce_and_clip(self, model, params, max_norm: float) -> torch.Tensor:
+        """Sum the gradients over ranks, clip them; the norm before clipping."""
+        from grpokit import distributed as dist
+
+        dist.sum_gradients(params)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def optimizer_to_save(self, optimizer):
+        return optimizer
+
+    def check_resume(self, ckpt) -> None:
+        pass
+
+    def model_for_saving(self, model):
+        """(model, state dict or None) to save."""
+        return model, None
+
+
 class ShardedTraining:
     """The policy and optimizer prepared by accelerate for FSDP2 or DeepSpeed ZeRO-2/3.
 
@@ -156,6 +204,10 @@ class ShardedTraining:
     accumulation steps, so ``backward`` multiplies the loss by world size x accumulation
     steps to undo both.
     """
+
+    sharded = True
+    every_rank_runs_backward = True  # the sharded backward has collectives
+    fixed_micro_batches = True  # every rank runs the same wrapped forwards and backwards
 
     def __init__(self, cfg, launch: Launch):
         from accelerate import Accelerator
@@ -182,13 +234,42 @@ class ShardedTraining:
     def device(self) -> torch.device:
         return self.acc.device
 
+    def adjust_config(self, cfg):
+        """The fused head calls the decoder and the output layer separately, and the
+        shared-prompt forward runs a data-dependent number of forwards; sharded engines need
+        every rank to run the same wrapped calls."""
+        return dataclasses.replace(cfg, fused_logprobs=False, share_prompt_forward=False)
+
+    def optimizer_to_save(self, optimizer):
+        return None  # checkpoints hold the whole weights but no optimizer state
+
+    def check_resume(self, ckpt) -> None:
+        raise ValueError(
+            f"--resume under {self.launch.describe()} is not implemented (its checkpoints "
+            "hold the whole weights but no optimizer state); start a new output_dir with "
+            f"model_name_or_path: {ckpt}, or train with torchrun / multi_gpu.yaml"
+        )
+
+    def model_for_saving(self, model):
+        """(model, state dict or None) to save. Sharded weights (FSDP, ZeRO-3) are gathered
+        here, on every rank (a collective); rank 0 writes them."""
+        unwrapped = self.unwrap(model)
+        if self.launch.engine == "fsdp" or self.launch.zero_stage == 3:
+            sd = self.full_state_dict(model)
+            # tied weights (lm_head = embeddings) once, as save_pretrained writes them itself
+            seen, dup = set(), []
+            for name, p in unwrapped.named_parameters(remove_duplicate=False):
+                (dup.append(name) if id(p) in seen else seen.add(id(p)))
+            return unwrapped, {k: v for k, v in sd.items() if k not in dup}
+        return unwrapped, None
+
     def prepare(self, model, optimizer, ref_model):
         model, optimizer = self.acc.prepare(model, optimizer)
         if ref_model is not None:
-            ref_model = self._prepare_reference(ref_model)
+            ref_model = self.prepare_reference(ref_model)
         return model, optimizer, ref_model
 
-    def _prepare_reference(self, ref):
+    def prepare_reference(self, ref):
         """The reference model for inference: sharded like the policy under FSDP2 and ZeRO-3
         (forward only), a whole copy on this GPU under ZeRO-2."""
         ref = ref.to(self.device)
@@ -222,7 +303,8 @@ class ShardedTraining:
         with self.acc.accumulate(model):
             self.acc.backward(loss * scale)
 
-    def clip_grad_norm(self, model, params, max_norm: float) -> torch.Tensor:
+    def reduce_and_clip(self, model, params, max_norm: float) -> torch.Tensor:
+        """The engine has reduced the gradients; clip them, return the norm before."""
         n = self.acc.clip_grad_norm_(params, max_norm)
         if n is None and self.launch.engine == "deepspeed":
             n = model.get_global_grad_norm()  # DeepSpeed clipped inside its step

@@ -96,10 +96,11 @@ def test_trainer_forward_with_own_attention_backward(
     """The trainer's training forward with ``attention_backward`` on and off: same log-probs
     (the forward is SDPA's either way) and the same gradients, through the shared-prompt KV
     cache, the padded batch, and under bf16 autocast."""
-    from grpokit.algo.attention import training_attention
+    from tests.test_fused_logprobs import _rollout
+
+    from grpokit.speed.attention import training_attention
     from grpokit.testing import tiny_run_config
     from grpokit.trainer import GRPOTrainer
-    from tests.test_fused_logprobs import _rollout
 
     monkeypatch.setattr(A, "FLOAT32_TOO", True)  # tight float32 check of the routing
     tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", **overrides))
@@ -119,7 +120,7 @@ def test_trainer_forward_with_own_attention_backward(
         A._Attention.backward = staticmethod(counting)
         try:
             with training_attention(on):
-                logp, _ = tr.completion_logps(tr.model, ro, rows)
+                logp, _ = tr.logprobs(tr.model, ro, rows)
             (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         finally:
             A._Attention.backward = staticmethod(orig)
@@ -140,10 +141,11 @@ def test_trainer_forward_with_own_attention_backward(
 def test_float32_and_long_forwards_keep_sdpa(tmp_path, tiny_model_dir, why, monkeypatch):
     """In float32 (where SDPA's backward measured as fast) and past MAX_QUERIES queries
     (where SDPA's blocked backward wins) the route is not taken."""
-    from grpokit.algo.attention import training_attention
+    from tests.test_fused_logprobs import _rollout
+
+    from grpokit.speed.attention import training_attention
     from grpokit.testing import tiny_run_config
     from grpokit.trainer import GRPOTrainer
-    from tests.test_fused_logprobs import _rollout
 
     if why == "long":
         monkeypatch.setattr(A, "MAX_QUERIES", 1)
@@ -154,7 +156,7 @@ def test_float32_and_long_forwards_keep_sdpa(tmp_path, tiny_model_dir, why, monk
     try:
         A._Attention.apply = lambda *a: seen.append(1) or orig(*a)
         with training_attention():
-            tr.completion_logps(tr.model, ro, torch.tensor([0, 1]))
+            tr.logprobs(tr.model, ro, torch.tensor([0, 1]))
     finally:
         A._Attention.apply = orig
     assert not seen

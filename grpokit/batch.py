@@ -1,0 +1,98 @@
+"""A round's training data and how its rows are cut into micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpokit.rollout.base import Rollout
+
+# fixed cost of one more forward pass, in token positions (measured: 64 split too finely)
+FORWARD_COST_TOKENS = 256
+
+
+@dataclass
+class Batch:
+    """One round's training data. N = B*G rows, completions of a prompt contiguous."""
+
+    rollout: Rollout
+    loss_mask: torch.Tensor  # (N, C) completion mask, zeroed for truncated rows if asked
+    advantages: torch.Tensor  # (N,)
+    old_logp: torch.Tensor | None  # (N, C), num_iterations > 1: set by the round's first step
+    ref_logp: torch.Tensor | None  # (N, C), only when beta > 0
+
+
+def split_rows(order, plen, clen, group, mb: int, share: bool):
+    """(cost, micro-batches): ``order`` cut into consecutive pieces of at most ``mb`` rows,
+    cut points chosen by dynamic programming to minimise the token positions the forward
+    passes compute (with ``share``: each distinct group's prompt once, then one token more
+    than the longest completion per row) plus FORWARD_COST_TOKENS per piece."""
+    o = order.tolist()
+    P, C, g = plen[order].tolist(), clen[order].tolist(), group[order].tolist()
+    N = len(o)
+    best = [0] + [None] * N
+    cut = [0] * (N + 1)
+    for i in range(1, N + 1):
+        pk = ck = 0
+        seen: set[int] = set()
+        for j in range(i - 1, max(i - mb, 0) - 1, -1):  # piece o[j:i]
+            pk, ck = max(pk, P[j]), max(ck, C[j])
+            seen.add(g[j])
+            n = i - j
+            tokens = len(seen) * (pk - 1) + n * (ck + 1) if share else n * (pk + ck)
+            c = best[j] + tokens + FORWARD_COST_TOKENS
+            if best[i] is None or c < best[i]:
+                best[i], cut[i] = c, j
+    pieces, i = [], N
+    while i > 0:
+        pieces.append(order[cut[i] : i])
+        i = cut[i]
+    return best[N], pieces[::-1]
+
+
+def _by_group(clen: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Rows ordered by completion length inside whole groups, groups by their longest."""
+    N = clen.shape[0]
+    by_group = torch.argsort(clen, descending=True, stable=True)
+    gmax = torch.zeros(int(group.max()) + 1, dtype=clen.dtype, device=clen.device)
+    gmax = gmax.scatter_reduce(0, group, clen, "amax")
+    key = gmax[group[by_group]] * (N + 1) - group[by_group]
+    return by_group[torch.argsort(key, descending=True, stable=True)]
+
+
+class MicroBatchPlan:
+    """Row indices of each micro-batch (at most ``size`` rows) of a rollout.
+
+    The loss sums are the same in any partition except ``bnpo``'s per-micro-batch mean
+    (``keep_order``: consecutive rows, full micro-batches). ``fixed``: every process must run
+    the same number of forwards and backwards (sharded engines): rows sorted by length, cut
+    every ``size``. Otherwise rows are ordered and split to make the forward passes cheap:
+    each micro-batch pads to its own longest prompt and completion, and with ``share``
+    (the shared-prompt forward) each distinct prompt in it runs once. For three orders (by
+    total length, by completion length, whole groups by their longest completion) the split
+    points are chosen by dynamic programming to minimise the token positions computed plus a
+    fixed cost per forward pass, and the cheapest order is used."""
+
+    def __init__(self, size: int, group_size: int, *, share: bool, fixed: bool = False):
+        self.size, self.group_size, self.share, self.fixed = size, group_size, share, fixed
+
+    def __call__(self, ro: Rollout, keep_order: bool = False) -> list[torch.Tensor]:
+        N, mb = ro.completion_ids.shape[0], self.size
+        if keep_order:
+            order = torch.arange(N, device=ro.completion_ids.device)
+            return [order[s : s + mb] for s in range(0, N, mb)]
+        plen = ro.prompt_mask.sum(-1)
+        clen = ro.completion_mask.sum(-1)
+        if self.fixed:
+            order = torch.argsort(plen + clen, descending=True, stable=True)
+            return [order[s : s + mb] for s in range(0, N, mb)]
+        group = torch.arange(N, device=clen.device) // max(1, self.group_size)
+        candidates = [
+            torch.argsort(plen + clen, descending=True, stable=True),
+            torch.argsort(clen, descending=True, stable=True),
+            _by_group(clen, group),
+        ]
+        best = min((split_rows(o, plen, clen, group, mb, self.share)
+                    for o in candidates), key=lambda r: r[0])  # fmt: skip
+        return best[1]

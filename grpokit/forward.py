@@ -1,0 +1,211 @@
+"""Completion log-probs: the training forward and the no-grad forwards (old, reference).
+
+``LogProbs(model, rollout, rows)`` gives the (n, C) per-token log-probs of the completion
+tokens of ``rows`` under ``model`` (and their entropies), from one of three routes that
+compute the same numbers:
+
+- one forward over ``[prompt | completion]`` rows, logits of the completion positions only;
+- the **shared-prompt forward** (``share_prompt_forward``): each distinct prompt runs once,
+  its KV cache is indexed out to the rows that share it;
+- the **fused head** (``fused_logprobs``): the decoder's hidden states go through the output
+  layer, log-softmax and entropy token chunk by token chunk (``grpokit.algo.linear_logprobs``),
+  never holding the (n, C, V) logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpokit.algo import entropy_from_logits, linear_logprobs, selective_log_softmax
+from grpokit.rollout.base import Rollout
+from grpokit.rollout.hf import autocast
+
+# Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
+# scaling), so the fused head computes the same log-probs as the model's own forward.
+FUSED_HEAD_MODEL_TYPES = frozenset(
+    ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2",
+     "smollm3", "gemma", "gemma3_text")
+)  # fmt: skip
+
+
+def fused_head(model):
+    """(decoder, lm_head) when the fused head applies to ``model``, else None."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in FUSED_HEAD_MODEL_TYPES:
+        return None
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+        return None
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped lm_head
+        return None
+    return model.get_decoder(), head
+
+
+def is_checkpointing(model) -> bool:
+    """Whether ``model`` (or a PEFT model's base) runs with activation checkpointing."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # new, old name
+        if hasattr(type(getattr(model, "get_base_model", lambda: model)()), name):
+            return bool(getattr(model, name))
+    return False
+
+
+def shared_prompts(p_ids: torch.Tensor, p_mask: torch.Tensor):
+    """(first row of each distinct prompt, (n,) index of each row's prompt) when rows of the
+    (n, P) left-padded prompts repeat a prompt, else None."""
+    if p_ids.shape[1] < 2:
+        return None
+    key = torch.cat([p_ids, p_mask], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if uniq.shape[0] == p_ids.shape[0]:
+        return None
+    n, dev = p_ids.shape[0], p_ids.device
+    first = torch.full((uniq.shape[0],), n, dtype=torch.long, device=dev)
+    first = first.scatter_reduce(0, inverse, torch.arange(n, device=dev), "amin")
+    return first, inverse
+
+
+def pad_cols(x: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.shape[1] < width else x
+
+
+class LogProbs:
+    """Completion log-probs under a model, with the run's temperature and precision.
+
+    ``train_positions`` counts the token positions the graph-building forwards computed
+    (the ``tokens_forward`` metric)."""
+
+    def __init__(
+        self,
+        *,
+        temperature: float,
+        amp_dtype: torch.dtype | None,
+        fused: bool = True,
+        share_prompts: bool = True,
+    ):
+        self.temperature, self.amp_dtype = temperature, amp_dtype
+        self.fused, self.share_prompts = fused, share_prompts
+        self.train_positions = 0
+
+    def __call__(self, model, ro: Rollout, rows, with_entropy: bool = False):
+        """(n, C) log-probs of the completion tokens of ``rows`` (and their entropies).
+
+        ``rows`` is a slice or an index tensor. Logits are divided by the sampling
+        temperature, so these are the log-probs of the distribution the tokens were sampled
+        from. Columns that are padding in every row of ``rows`` are not computed (prompt
+        columns on the left, completion columns after the longest completion); positions
+        past a row's completion are returned as 0."""
+        p_ids, p_mask = ro.prompt_ids[rows], ro.prompt_mask[rows]
+        c_ids, c_mask = ro.completion_ids[rows], ro.completion_mask[rows]
+        n, C = c_ids.shape
+        P = p_ids.shape[1]
+        pk = max(1, int(p_mask.sum(-1).max()))  # prompts are left-padded
+        ck = max(1, int(c_mask.sum(-1).max()))  # completions are right-padded
+        p_ids, p_mask = p_ids[:, P - pk :], p_mask[:, P - pk :]
+        c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
+        head = fused_head(model) if self.fused else None
+        shared = None
+        if self.share_prompts and not is_checkpointing(model):  # (no KV cache when checkpointed)
+            shared = shared_prompts(p_ids, p_mask)
+        if torch.is_grad_enabled():  # token positions the training forward computes
+            u = n if shared is None else shared[0].numel()
+            self.train_positions += u * (pk - 1) + n * (ck + 1)
+        if shared is not None:
+            out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
+        else:
+            out = self._forward_rows(model, head, p_ids, p_mask, c_ids, c_mask)
+        if head is None:
+            return self._from_logits(out, c_ids, c_mask, C, with_entropy)
+        return self._from_hidden(out, head[1], c_ids, c_mask, C, with_entropy)
+
+    @torch.no_grad()
+    def no_grad(self, model, ro: Rollout, micro_batches) -> torch.Tensor:
+        """(N, C) log-probs of every row, computed micro-batch by micro-batch."""
+        out = torch.zeros(
+            ro.completion_ids.shape, dtype=torch.float32, device=ro.completion_ids.device
+        )
+        for idx in micro_batches:
+            out[idx] = self(model, ro, idx)[0]
+        return out
+
+    def _forward_rows(self, model, head, p_ids, p_mask, c_ids, c_mask):
+        """Hidden states (fused head) or logits predicting ``c_ids``, (n, ck, .), from one
+        forward over [prompt | completion] rows."""
+        pk, ck = p_ids.shape[1], c_ids.shape[1]
+        ids = torch.cat([p_ids, c_ids], dim=1)  # (n, pk+ck)
+        attn = torch.cat([p_mask, c_mask], dim=1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+        with autocast(ids.device.type, self.amp_dtype):
+            if head is None:
+                out = model(
+                    input_ids=ids,
+                    attention_mask=attn,
+                    position_ids=pos,
+                    logits_to_keep=ck + 1,
+                    use_cache=False,
+                )
+                return out.logits[:, :-1]  # (n, ck, V)
+            hs = head[0](
+                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
+            ).last_hidden_state  # (n, pk+ck, H)
+            return hs[:, pk - 1 : pk + ck - 1]  # the positions predicting c_ids
+
+    def _forward_shared(self, model, head, p_ids, p_mask, c_ids, c_mask, shared):
+        """The same numbers as one forward over [prompt | completion] rows, with each
+        distinct prompt computed once: its tokens but the last run through the model for the
+        distinct prompts only, the KV cache is indexed out to every row (autograd sums the
+        rows' gradients back into the shared prompt), then each row runs [last prompt token |
+        completion] against it. Returns the hidden states (fused head) or logits predicting
+        ``c_ids``, (n, ck, .)."""
+        first, inverse = shared
+        ck = c_ids.shape[1]
+        pre_ids, pre_mask = p_ids[first, :-1], p_mask[first, :-1]  # (u, pk-1)
+        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+        ids = torch.cat([p_ids[:, -1:], c_ids], dim=1)  # (n, ck+1)
+        attn = torch.cat([p_mask, c_mask], dim=1)  # (n, pk+ck): the cached columns and these
+        start = p_mask.sum(-1, keepdim=True) - 1  # position of the last prompt token
+        pos = start + torch.arange(ck + 1, device=ids.device)[None]
+        net = model if head is None else head[0]
+        extra = {"logits_to_keep": 1} if head is None else {}
+        with autocast(ids.device.type, self.amp_dtype):
+            cache = net(
+                input_ids=pre_ids,
+                attention_mask=pre_mask,
+                position_ids=pre_pos,
+                use_cache=True,
+                **extra,
+            ).past_key_values
+            cache.batch_select_indices(inverse)
+            out = net(
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                **({"logits_to_keep": 0} if head is None else {}),
+            )
+        return (out.logits if head is None else out.last_hidden_state)[:, :ck]
+
+    def _from_logits(self, logits, c_ids, c_mask, C: int, with_entropy: bool):
+        logits = logits / self.temperature  # (n, ck, V)
+        logp = selective_log_softmax(logits, c_ids) * c_mask
+        ent = entropy_from_logits(logits.detach()) * c_mask if with_entropy else None
+        return pad_cols(logp, C), (None if ent is None else pad_cols(ent, C))
+
+    def _from_hidden(self, hs, lm_head, c_ids, c_mask, C: int, with_entropy: bool):
+        """The fused head over the completion tokens only, scattered back to (n, C)."""
+        n, ck = c_ids.shape
+        sel = c_mask.bool()
+        lp, ent = linear_logprobs(
+            hs[sel],  # (tokens, H)
+            lm_head.weight,
+            c_ids[sel],
+            bias=lm_head.bias,
+            temperature=self.temperature,
+            compute_dtype=self.amp_dtype,
+            with_entropy=with_entropy,
+        )
+        flat = torch.nonzero(torch.nn.functional.pad(sel, (0, C - ck)).reshape(-1)).squeeze(1)
+        logp = lp.new_zeros(n * C).index_put((flat,), lp).view(n, C)
+        if ent is not None:
+            ent = ent.new_zeros(n * C).index_put((flat,), ent).view(n, C)
+        return logp, ent

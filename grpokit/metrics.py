@@ -1,0 +1,95 @@
+"""What a step logs: the round's metrics (rewards, lengths, accuracy), the token-weighted
+means of the loss terms over micro-batches and processes, and the completions table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from grpokit import distributed as dist
+from grpokit.algo.advantages import group_reward_stats
+
+
+def _nan_none(x: float):
+    return None if math.isnan(x) else x
+
+
+def round_metrics(ro, total, all_rewards, reward_names, G: int) -> dict[str, Any]:
+    """Rewards and completion lengths of one round, over every process's rows.
+
+    ``total``: (N_global,) combined rewards; ``all_rewards``: (N_global, F) per function."""
+    lengths = dist.all_gather_cat(ro.lengths.float())
+    truncated = dist.all_gather_cat(ro.truncated.float())
+    m: dict[str, Any] = {
+        "reward": torch.nanmean(total),
+        **group_reward_stats(total, G),
+        "completions/mean_length": lengths.mean(),
+        "completions/min_length": lengths.min(),
+        "completions/max_length": lengths.max(),
+        "completions/clipped_ratio": truncated.mean(),
+        "tokens_generated": lengths.sum(),
+        "tokens_prompt": dist.all_reduce_sum(ro.prompt_mask.sum().float()),
+    }
+    for j, name in enumerate(reward_names):
+        col = all_rewards[:, j]
+        valid = col[~torch.isnan(col)]
+        m[f"rewards/{name}/mean"] = valid.mean() if valid.numel() else float("nan")
+        m[f"rewards/{name}/std"] = valid.std() if valid.numel() > 1 else float("nan")
+    return m
+
+
+def accuracy(task, texts, rows, G: int, n_global: int) -> torch.Tensor:
+    """The task's grader over every process's completions: the fraction correct."""
+    correct = [task.is_correct(t, r) for t, r in zip(texts, [r for r in rows for _ in range(G)])]
+    return dist.all_reduce_sum(torch.tensor(float(sum(correct)))) / n_global
+
+
+def completions_table(prompts, texts, rewards, total, adv, reward_names) -> list[dict[str, Any]]:
+    """One row per completion of this process: prompt, completion, rewards, advantage.
+    ``total`` holds this process's rows only."""
+    return [
+        {
+            "prompt": prompts[i][-1]["content"],
+            "completion": texts[i],
+            "reward": _nan_none(total[i].item()),
+            "rewards": {n: _nan_none(rewards[i, j].item()) for j, n in enumerate(reward_names)},
+            "advantage": adv[i].item(),
+        }
+        for i in range(len(texts))
+    ]
+
+
+class TokenWeightedMeans:
+    """Loss-term metrics of micro-batches, weighted by their loss tokens, and the extremes
+    of ``*_max`` / ``*_min`` metrics, combined over processes by ``result``."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.tokens = 0.0
+        self.extremes: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, torch.Tensor], ntok: float) -> None:
+        self.tokens += ntok
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v.item() * ntok
+
+    def add_extremes(self, metrics: dict[str, torch.Tensor]) -> None:
+        """Moves the ``*_max`` / ``*_min`` entries of ``metrics`` into the extremes."""
+        for k in [k for k in metrics if k.endswith(("_max", "_min"))]:
+            v = metrics.pop(k).item()
+            pick = max if k.endswith("_max") else min
+            self.extremes[k] = pick(self.extremes.get(k, v), v)
+
+    def result(self) -> dict[str, float]:
+        sums, tokens = self.sums, self.tokens
+        if dist.world_size() > 1:  # token-weighted means over all ranks
+            keys = sorted(sums)
+            packed = dist.all_reduce_sum(
+                torch.tensor([sums[k] for k in keys] + [tokens], dtype=torch.float64)
+            )
+            sums, tokens = dict(zip(keys, packed[:-1].tolist())), packed[-1].item()
+        out = {k: v / max(tokens, 1.0) for k, v in sums.items()}
+        out.update(self.extremes)
+        return out

@@ -1,0 +1,301 @@
+"""The one place a run's config is unpacked into its parts: task and data, rewards, models,
+rollout engines, optimizer and schedule, the training strategy. The trainer receives the
+parts (``Parts``) and never reads a model or engine setting itself.
+
+Order matters and is kept: cheap checks first (task, rewards, batch arithmetic) before any
+model loads, and the random draws (LoRA initialisation, ...) happen in the same order as
+always, after ``torch.manual_seed(cfg.seed)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit import distributed as dist
+from grpokit.batch import MicroBatchPlan
+from grpokit.config import GRPOConfig
+from grpokit.forward import LogProbs, is_checkpointing
+from grpokit.optim import build_optimizer, build_scheduler
+from grpokit.prompts import PromptSampler
+from grpokit.reference import Reference, frozen_copy
+from grpokit.rollout.base import SamplingParams
+from grpokit.rollout.hf import HFRolloutEngine
+from grpokit.scoring import reward_name
+from grpokit.speed.weights import sparse_tied_embedding_grad
+from grpokit.update import GradientPass, SamplingCorrection
+
+
+def build_task(cfg: GRPOConfig):
+    """The task named by the config, with its dataset, system prompt, seed and params."""
+    from grpokit.tasks import get_task
+
+    return get_task(
+        cfg.task,
+        dataset_name=cfg.dataset_name,
+        dataset_config=cfg.dataset_config,
+        system_prompt=cfg.system_prompt,
+        seed=cfg.seed,
+        dataset_prompt_column=cfg.dataset_prompt_column,
+        **cfg.task_params,
+    )
+
+
+@dataclass
+class Rewards:
+    funcs: list
+    weights: torch.Tensor  # (F,) float32
+    names: list[str]
+
+
+def build_rewards(cfg: GRPOConfig, task) -> Rewards:
+    """The recipe's reward functions and weights, or the task's defaults."""
+    from grpokit.rewards import get_reward_funcs
+
+    specs = cfg.reward_funcs if cfg.reward_funcs is not None else list(task.default_reward_funcs)
+    if not specs:
+        raise ValueError(
+            f"task {cfg.task!r} has no default rewards; set reward_funcs in the recipe"
+        )
+    funcs = get_reward_funcs(specs)
+    if cfg.reward_weights is not None:
+        weights = list(cfg.reward_weights)
+    elif cfg.reward_funcs is None and task.default_reward_weights is not None:
+        weights = list(task.default_reward_weights)
+    else:
+        weights = [1.0] * len(funcs)
+    if len(weights) != len(funcs):
+        raise ValueError(f"{len(weights)} reward_weights for {len(funcs)} reward_funcs")
+    return Rewards(
+        funcs, torch.tensor(weights, dtype=torch.float32), [reward_name(f) for f in funcs]
+    )
+
+
+@dataclass
+class Data:
+    task: Any
+    train_rows: list
+    eval_rows: list
+    sampler: PromptSampler
+    prompts_per_rank: int
+    total_steps: int
+
+
+def build_data(cfg: GRPOConfig, task) -> Data:
+    """Training and held-out rows, the seeded prompt order, and the number of steps."""
+    train_rows = task.build(cfg.dataset_train_split, limit=cfg.max_train_samples)
+    eval_rows = (
+        task.build(cfg.dataset_test_split, limit=cfg.max_eval_samples)
+        if cfg.do_eval and cfg.max_eval_samples > 0
+        else []
+    )
+    W = dist.world_size()
+    if cfg.prompts_per_step % W:
+        raise ValueError(f"{cfg.prompts_per_step} prompts per step do not split over {W} processes")
+    sampler = PromptSampler(len(train_rows), cfg.prompts_per_step, cfg.seed)
+    if cfg.max_steps > 0:
+        total = cfg.max_steps
+    else:
+        total = math.ceil(cfg.num_train_epochs * sampler.batches_per_epoch) * cfg.num_iterations
+    return Data(task, train_rows, eval_rows, sampler, cfg.prompts_per_step // W, total)
+
+
+@dataclass
+class Models:
+    model: Any  # the policy being trained (prepared by the strategy)
+    tokenizer: Any
+    source: Any  # where the weights came from (models.ModelSource)
+    ref_copy: Any  # frozen reference copy, or None (beta 0, or LoRA: adapter-off base)
+    amp_dtype: torch.dtype | None
+
+
+def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
+    from grpokit.models import load_model_and_tokenizer
+
+    if cfg.use_vllm:  # before any model loads: a missing package is a one-line fix
+        from grpokit.rollout.vllm_engine import require_vllm
+
+        require_vllm()
+    model, tokenizer, source = load_model_and_tokenizer(
+        cfg.model_name_or_path,
+        dtype=cfg.torch_dtype,
+        use_peft=cfg.use_peft,
+        lora_r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        lora_target_modules=cfg.lora_target_modules,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        trust_remote_code=cfg.trust_remote_code,
+        chat_template=cfg.chat_template,
+    )
+    model.to(device)
+    model.train()
+    amp_dtype = torch.bfloat16 if cfg.bf16 else None
+    ref = None
+    if cfg.beta > 0 and not cfg.use_peft:  # with LoRA the reference is the adapter-disabled base
+        # bf16 weights stored once, unless mixed with the policy or handed to a sharding engine
+        lower = not cfg.sync_ref_model and not strategy.sharded
+        ref = frozen_copy(model, amp_dtype, lower_linears=lower)
+    return Models(model, tokenizer, source, ref, amp_dtype)
+
+
+def build_engines(cfg: GRPOConfig, m: Models, strategy):
+    """(rollout engine, held-out evaluation engine, sampling parameters)."""
+    if cfg.use_vllm:
+        engine = _vllm_engine(cfg, m)
+    else:
+        engine = HFRolloutEngine(
+            m.model,
+            m.tokenizer,
+            autocast_dtype=m.amp_dtype,
+            loop=cfg.generation_loop,
+            fused_decode=cfg.fused_decode,
+            # bf16 runs sample from a bf16 copy of the weights (LoRA merged in; see there)
+            sampling_dtype=m.amp_dtype if cfg.bf16_sampling_copy else None,
+        )
+    # held-out evaluation decodes with the training model itself (autocast when bf16)
+    eval_engine = HFRolloutEngine(
+        m.model,
+        m.tokenizer,
+        autocast_dtype=m.amp_dtype,
+        loop=cfg.generation_loop,
+        fused_decode=cfg.fused_decode,
+    )
+    if strategy.sharded:  # sample and evaluate from an unsharded copy, refreshed each update
+        engine.build_copy(m.amp_dtype or next(m.model.parameters()).dtype)
+        eval_engine = engine
+    sampling = SamplingParams(
+        max_new_tokens=cfg.max_completion_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        repetition_penalty=cfg.repetition_penalty,
+    )
+    return engine, eval_engine, sampling
+
+
+def _vllm_engine(cfg: GRPOConfig, m: Models):
+    from grpokit.rollout.vllm_engine import VLLMColocateEngine, VLLMServerEngine
+
+    if cfg.vllm_mode == "server":
+        return VLLMServerEngine(
+            m.model,
+            m.tokenizer,
+            cfg.vllm_server_host,
+            cfg.vllm_server_port,
+            cfg.vllm_server_timeout,
+        )
+    max_len = cfg.vllm_max_model_len
+    if max_len is None and cfg.max_prompt_length is not None:
+        max_len = cfg.max_prompt_length + cfg.max_completion_length
+        limit = getattr(m.model.config, "max_position_embeddings", None)
+        if limit:  # vLLM refuses a longer context than the model's
+            max_len = min(max_len, int(limit))
+    dtype = "bfloat16" if cfg.bf16 else cfg.torch_dtype
+    # vLLM's CPU worker binds this process's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND)
+    # and from then on turns torch.set_num_threads into a no-op with a warning
+    return VLLMColocateEngine(
+        m.model,
+        m.tokenizer,
+        m.source.path,
+        dtype="auto" if dtype == "auto" else dtype,
+        max_model_len=max_len,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        enable_sleep_mode=cfg.vllm_enable_sleep_mode,
+        enforce_eager=cfg.vllm_enforce_eager,
+        seed=cfg.seed,
+    )
+
+
+@dataclass
+class Optimization:
+    params: list
+    optimizer: Any
+    scheduler: Any
+    reference: Reference
+    logprobs: LogProbs
+    plan: MicroBatchPlan
+    gradients: GradientPass
+
+
+def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: int):
+    """Optimizer and schedule, the strategy's preparation of the policy (sharding), and the
+    pieces of a step: log-prob forward, micro-batch plan, reference, gradient pass. Replaces
+    ``m.model`` and ``m.ref_copy`` by their prepared versions."""
+    params = [p for p in m.model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    optimizer = build_optimizer(params, cfg)
+    if strategy.sharded:
+        m.model, optimizer, m.ref_copy = strategy.prepare(m.model, optimizer, m.ref_copy)
+        engine.model = m.model
+        engine.full_params = lambda: strategy.full_params(m.model)
+        params = [p for p in m.model.parameters() if p.requires_grad]
+    else:
+        sparse_tied_embedding_grad(m.model)
+    logprobs, gradients = _step_pieces(cfg, m, strategy, device)
+    reference = Reference(
+        m.model,
+        m.ref_copy,
+        sync_steps=cfg.ref_model_sync_steps if cfg.sync_ref_model else None,
+        mix_alpha=cfg.ref_model_mixup_alpha,
+    )
+    plan = MicroBatchPlan(
+        cfg.per_device_train_batch_size,
+        cfg.num_generations,
+        share=cfg.share_prompt_forward,
+        fixed=strategy.fixed_micro_batches,
+    )
+    scheduler = build_scheduler(optimizer, cfg, total_steps)
+    return Optimization(params, optimizer, scheduler, reference, logprobs, plan, gradients)
+
+
+def _step_pieces(cfg, m: Models, strategy, device):
+    """The log-prob forward and the gradient pass of an optimizer step."""
+    # checkpointed layers recompute their forward inside the backward, outside the route:
+    # they keep transformers' SDPA for both
+    own_attention = (
+        cfg.attention_backward and device.type == "cpu" and not is_checkpointing(m.model)
+    )
+    logprobs = LogProbs(
+        temperature=cfg.temperature,
+        amp_dtype=m.amp_dtype,
+        fused=cfg.fused_logprobs,
+        share_prompts=cfg.share_prompt_forward,
+    )
+    loss_args = dict(
+        loss_type=cfg.loss_type,
+        epsilon_low=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high,
+        beta=cfg.beta,
+        importance_sampling_level=cfg.importance_sampling_level,
+        max_completion_length=cfg.max_completion_length,
+    )
+    correction = SamplingCorrection(
+        mode=cfg.vllm_importance_sampling_mode,
+        cap=cfg.vllm_importance_sampling_cap,
+        apply=cfg.vllm_importance_sampling_correction,
+    )
+    gradients = GradientPass(
+        m.model,
+        logprobs,
+        strategy,
+        loss_args=loss_args,
+        record_old_logp=cfg.num_iterations > 1,
+        correction=correction,
+        own_attention_backward=own_attention,
+    )
+    return logprobs, gradients
+
+
+def trackers(cfg: GRPOConfig) -> list:
+    names = [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to)
+    names = [n for n in names if n != "none"]
+    if not names or not dist.is_main():
+        return []
+    from grpokit.trackers import make_trackers
+
+    return make_trackers(names, cfg)

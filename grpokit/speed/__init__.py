@@ -1,0 +1,9 @@
+"""Measured CPU speed-ups, each behind its own config flag, none changing a number.
+
+- ``attention``: the training forward's attention backward (``attention_backward``)
+- ``fastdecode``: the fused Llama/Mistral/Qwen2 decode step (``fused_decode``)
+- ``heap``: bounded heap release after a step (glibc ``malloc_trim``)
+- ``weights``: sparse tied-embedding gradient, frozen linears stored in bf16
+
+docs/speed.md has the measurements behind each one.
+"""

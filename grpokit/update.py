@@ -1,0 +1,113 @@
+"""One optimizer step's gradients: the policy loss over the round's micro-batches, each
+backward as it goes (gradient accumulation), with the metrics of the loss terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from grpokit import distributed as dist
+from grpokit.algo import policy_loss, sampling_is_weights
+from grpokit.batch import Batch
+from grpokit.checkpoint import fault_point
+from grpokit.metrics import TokenWeightedMeans
+from grpokit.speed.attention import training_attention
+
+
+@dataclass(frozen=True)
+class SamplingCorrection:
+    """Truncated importance sampling of the rollout engine's log-probs against ours (vLLM)."""
+
+    mode: str = "token_truncate"
+    cap: float = 2.0
+    apply: bool = True  # False: measured and logged, not applied
+
+
+@dataclass
+class GradientResult:
+    loss_sum: float = 0.0  # this process's summed micro-batch losses
+    finite: bool = True  # every micro-batch loss on this process was finite
+    means: TokenWeightedMeans = field(default_factory=TokenWeightedMeans)
+
+
+class GradientPass:
+    """Accumulates one optimizer step's gradients into the policy.
+
+    ``loss_args``: the keyword arguments of ``algo.policy_loss`` fixed for the run
+    (loss_type, epsilon_low/high, beta, importance_sampling_level, max_completion_length).
+    ``record_old_logp``: num_iterations > 1, so the round's first step records its own
+    log-probs (detached) as the old log-probs of the steps after it (the ratio is exactly 1 in
+    the first one, and no extra forward is needed)."""
+
+    def __init__(
+        self,
+        model,
+        logprobs,
+        strategy,
+        *,
+        loss_args: dict[str, Any],
+        record_old_logp: bool,
+        correction: SamplingCorrection,
+        own_attention_backward: bool,
+    ):
+        self.model, self.logprobs, self.strategy = model, logprobs, strategy
+        self.loss_args, self.record_old_logp = loss_args, record_old_logp
+        self.correction, self.own_attention = correction, own_attention_backward
+
+    def run(self, b: Batch, micro_batches: list[torch.Tensor], step: int) -> GradientResult:
+        """Forward, loss and backward of each micro-batch of ``b`` (for optimizer step
+        ``step``); sets ``b.old_logp`` on the round's first step when asked."""
+        N = b.advantages.shape[0]
+        num_seqs = float(N * dist.world_size())
+        num_tokens = dist.all_reduce_sum(b.loss_mask.sum().float()).item()
+        per_mb = len(micro_batches) * dist.world_size()  # bnpo: mean over micro-batches
+        record = None
+        if self.record_old_logp and b.old_logp is None:
+            record = torch.zeros_like(b.loss_mask, dtype=torch.float32)
+        res = GradientResult()
+        for sl in micro_batches:
+            with training_attention(self.own_attention):
+                logp, ent = self.logprobs(self.model, b.rollout, sl, with_entropy=True)
+            if record is not None:
+                record[sl] = logp.detach()
+            is_w, is_m = self._sampling_weights(b, sl, logp, res.means)
+            loss, m = policy_loss(
+                logp,
+                None if b.old_logp is None else b.old_logp[sl],
+                None if b.ref_logp is None else b.ref_logp[sl],
+                b.advantages[sl],
+                b.loss_mask[sl],
+                **self.loss_args,
+                num_sequences=num_seqs,
+                num_tokens=num_tokens,
+                entropy=ent,
+                is_weights=is_w,
+            )
+            m.update(is_m)
+            if self.loss_args["loss_type"] == "bnpo":  # average over micro-batches/ranks
+                loss = loss / per_mb
+            if not torch.isfinite(loss):
+                res.finite = False
+                if not self.strategy.every_rank_runs_backward:
+                    break
+            self.strategy.backward(self.model, loss)
+            fault_point("backward", step)
+            res.loss_sum += loss.item()
+            res.means.add(m, b.loss_mask[sl].sum().item())
+        if record is not None and res.finite:
+            b.old_logp = record  # (a skipped micro-batch loop leaves it None: recorded again)
+        return res
+
+    def _sampling_weights(self, b: Batch, sl, logp, means: TokenWeightedMeans):
+        """IS weights of the sampler's log-probs vs ours under the same weights, and their
+        metrics (None, {} when the engine gives no log-probs, as grpokit's own loop)."""
+        s_logps = b.rollout.sampling_logps  # (N, C) from vLLM, None from the HF engine
+        if s_logps is None:
+            return None, {}
+        c = self.correction
+        old = logp.detach() if b.old_logp is None else b.old_logp[sl]
+        is_w, is_m = sampling_is_weights(old, s_logps[sl], b.loss_mask[sl], mode=c.mode, cap=c.cap)
+        means.add_extremes(is_m)
+        return (is_w if c.apply else None), is_m
