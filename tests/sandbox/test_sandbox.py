@@ -1,23 +1,28 @@
-"""grpokit.sandbox basics: limits, rewards, pool, the code task. Hostile programs:
-test_sandbox_hostile.py; fallback levels: test_sandbox_fallback.py; a training step:
-test_sandbox_train.py; the 30 problems' reference solutions: test_sandbox_references.py."""
+"""grpokit.sandbox basics: limits, rewards, pool, the code task, what code inside can read.
+Hostile programs: test_sandbox_hostile.py; fallback levels: test_sandbox_fallback.py; a
+training step: test_sandbox_train.py; the 30 problems' reference solutions:
+test_sandbox_references.py (all in tests/sandbox/)."""
 
 import os
 import resource
 import socket
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
 from grpokit import sandbox
 from grpokit.rewards import get_reward_funcs
 from grpokit.sandbox import SandboxError, resolve_isolation, run_python, score_many
+from grpokit.sandbox import run as sandbox_run
 from grpokit.sandbox import sandbox_processes as sandbox_procs
 
 CASES = [{"input": "1 2\n", "output": "3"}, {"input": "5 7\n", "output": "12"}]
 INFO = {"language": "python", "test_cases": CASES}
 ROOT = os.geteuid() == 0
+REPO = Path(__file__).resolve().parents[2]  # the checkout, wherever it is
 
 
 def _run(code, **kw):
@@ -49,17 +54,54 @@ def test_reward_reads_json_column_and_last_block():
 @pytest.mark.skipif(not ROOT, reason="namespaces need root")
 def test_auto_isolation_is_namespaces_here():
     assert resolve_isolation() == "namespaces"
-    info = sandbox.sandbox_info()
-    assert info["seccomp"] is True
-    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-    assert "/root" in info["hidden"] and "/var" in info["hidden"]
-    assert any(repo == h or repo.startswith(h + "/") for h in info["hidden"])
+    assert sandbox.sandbox_info()["seccomp"] is True
     r = _run(
         "import os\nprint(os.getcwd(), os.getuid(), sum(p.isdigit() for p in os.listdir('/proc')) <= 3)"
     )
     cwd, uid, few = r.stdout.split()
     assert cwd == "/tmp" and few == "True"
     assert sandbox.UID_BASE <= int(uid) < sandbox.UID_BASE + sandbox.UID_COUNT
+
+
+def _read_inside(path) -> str:
+    """What sandboxed code gets when it reads ``path``: its text, or the exception's name."""
+    code = (
+        "import os, sys\n"
+        f"p = {str(path)!r}\n"
+        "try:\n"
+        "    print(repr(sorted(os.listdir(p)) if os.path.isdir(p) else open(p).read()))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    r = _run(code)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.mark.skipif(not ROOT, reason="namespaces need root")
+def test_code_inside_cannot_read_the_checkout_or_the_callers_temp_files(tmp_path):
+    """The promise (docs/sandbox.md), checked by reading, not by a list of hidden
+    directories: wherever this checkout is (/work, /home, /srv, or /tmp, which the sandbox
+    replaces with its own tmpfs), code inside cannot read a file in it, nor this test's own
+    source, nor a file in the caller's temp dir; and it sees /root, /var and the caller's
+    home as empty. The files are world-readable, so only the mounts can stop the read: the
+    error must be "not found", not "permission denied"."""
+    token = uuid.uuid4().hex
+    in_repo = REPO / f".grpokit-sbx-secret-{token}"
+    in_tmp = tmp_path / "secret.txt"
+    try:
+        for path in (in_repo, in_tmp):
+            path.write_text(token)
+            path.chmod(0o644)
+        for path in (Path(__file__).resolve(), in_repo, in_tmp):
+            assert path.read_text()  # readable by this process...
+            assert _read_inside(path) == "FileNotFoundError", path  # ...not from inside
+        assert _read_inside(REPO) == "FileNotFoundError"
+        for d in {"/root", "/var", os.path.expanduser("~")}:
+            if os.path.isdir(d) and os.listdir(d):
+                assert _read_inside(d) in ("[]", "FileNotFoundError"), d
+    finally:
+        in_repo.unlink(missing_ok=True)
 
 
 def test_isolation_argument_checked():
@@ -134,10 +176,7 @@ def test_gigabytes_of_output_are_cut_while_running():
 def test_no_user_files(tmp_path):
     """Hidden by an allow-list, not a list of usual places: this checkout (wherever CI put
     it), and a world-readable directory at a top-level path nobody told the sandbox about."""
-    project = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml"
-    )
-    paths = [project]
+    paths = [str(REPO / "pyproject.toml")]
     made = None
     if ROOT:
         made = f"/grpokit-sbx-test-{os.getpid()}"
@@ -190,7 +229,7 @@ def test_pool_with_loops():
 def test_pool_is_bounded(monkeypatch):
     """Never more sandboxes at once than workers."""
     running, peak, lock = [0], [0], threading.Lock()
-    real = sandbox.run_python
+    real = sandbox_run.run_python
 
     def counting(*a, **k):
         with lock:
@@ -203,7 +242,7 @@ def test_pool_is_bounded(monkeypatch):
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(sandbox, "run_python", counting)
+    monkeypatch.setattr(sandbox_run, "run_python", counting)  # what score_many calls
     score_many([("print(3)", CASES)] * 4, max_workers=2)
     assert peak[0] == 2
 

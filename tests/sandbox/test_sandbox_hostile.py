@@ -28,7 +28,7 @@ from grpokit.rewards import get_reward_funcs
 from grpokit.sandbox import run_python, score_many
 from grpokit.sandbox import sandbox_processes as sandbox_procs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout (tests/sandbox/ is two down)
 PROJECT_FILE = str(REPO / "pyproject.toml")
 HOME = os.path.expanduser("~")
 CASE = {"input": "1 2\n", "output": "3"}

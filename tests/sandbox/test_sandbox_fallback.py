@@ -21,9 +21,11 @@ from pathlib import Path
 
 import pytest
 
+import grpokit
 from grpokit import sandbox
 from grpokit.rewards import get_reward_funcs
 from grpokit.sandbox import run_python, score_many
+from grpokit.sandbox.reap import kill_uid, pids_of
 
 ROOT = os.geteuid() == 0
 pytestmark = pytest.mark.skipif(not ROOT, reason="forcing the fallbacks needs root")
@@ -80,11 +82,9 @@ def test_uid_level_detached_child_gone_at_return(hostile):
 # ------------------------------------------------ non-root: `userns` and `none`, as a real user
 
 _HELPER = r"""
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("sbx", sys.argv[1])
-sbx = importlib.util.module_from_spec(spec)
-sys.modules["sbx"] = sbx
-spec.loader.exec_module(sbx)
+import json, sys
+sys.path.insert(0, sys.argv[1])  # the directory holding grpokit/ (standard library only)
+import grpokit.sandbox as sbx
 job = json.load(sys.stdin)
 level = job["isolation"]
 out = {"auto": sbx.resolve_isolation(), "info": sbx.sandbox_info(level), "scores": {}, "results": {}}
@@ -106,7 +106,7 @@ def _traversable(path: Path) -> bool:
 
 
 def _as_user(uid: int, job: dict, work: str) -> dict:
-    src = Path(sandbox.__file__).resolve()
+    src = Path(grpokit.__file__).resolve().parents[1]
     env = {"PATH": "/usr/bin:/bin", "HOME": work, "GRPOKIT_SANDBOX_TMPDIR": work}
     p = subprocess.run(
         ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
@@ -164,9 +164,9 @@ def test_non_root_levels_as_a_real_unprivileged_user(hostile, level):
         assert caps["CapEff"].strip() == "0000000000000000"  # root of its namespace only
         assert caps["Seccomp"].strip() == "2"
         assert H.marker_pids(hostile.marker) == []
-        assert sandbox._pids_of(uid) == []
+        assert pids_of(uid) == []
         assert os.listdir(work) == []  # staging directories removed
         assert hostile.leftovers() == {}
     finally:
-        sandbox._kill_uid(uid)
+        kill_uid(uid)
         shutil.rmtree(work, ignore_errors=True)
