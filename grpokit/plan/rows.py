@@ -8,26 +8,12 @@ from pathlib import Path
 from grpokit.config import GRPOConfig
 
 
-def _task(cfg: GRPOConfig):
-    """The recipe's task, built from the config."""
-    # TODO(setup): use grpokit.setup.build_task
-    from grpokit.tasks import get_task
-
-    return get_task(
-        cfg.task,
-        dataset_name=cfg.dataset_name,
-        dataset_config=cfg.dataset_config,
-        system_prompt=cfg.system_prompt,
-        seed=cfg.seed,
-        dataset_prompt_column=cfg.dataset_prompt_column,
-        **cfg.task_params,
-    )
-
-
 def task_train_rows(cfg: GRPOConfig) -> tuple[int | None, str | None]:
     """Number of training rows of the recipe's task, or (None, why) when not cheaply known."""
     try:
-        task = _task(cfg)
+        from grpokit.setup import build_task
+
+        task = build_task(cfg)
         source = task.source
         sizes = getattr(task, "sizes", None)
         if source in (None, "generate") and isinstance(sizes, dict) and "train" in sizes:
