@@ -4,6 +4,8 @@ Keys keep the names of TRL's ``GRPOConfig`` and open-r1 recipes. An unknown key 
 error naming the closest valid key; a TRL/transformers key that grpokit deliberately
 ignores is a warning. Batch arithmetic that cannot work is refused here, before any
 model loads.
+
+At import the config reads only the variant names of ``grpokit.algo.variants`` (no torch).
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ from typing import Any, Union
 
 import yaml
 
+from grpokit.algo.variants import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    SAMPLING_IS_MODES,
+    SCALE_REWARDS,
+)
+
 
 class ConfigError(ValueError):
     """A recipe or override that cannot work; the message names the problem and the fix."""
@@ -35,8 +44,6 @@ SCHEDULERS = (
     "constant_with_warmup",
 )
 DTYPES = ("float32", "bfloat16", "float16", "auto")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
@@ -240,11 +247,11 @@ def _validate(c: GRPOConfig) -> None:
     )
     _check(c.loss_type in LOSS_TYPES, f"loss_type={c.loss_type!r}: use one of {LOSS_TYPES}")
     _check(
-        c.scale_rewards_mode in ("group", "batch", "none"),
+        c.scale_rewards_mode in SCALE_REWARDS,
         f"scale_rewards={c.scale_rewards!r}: use group, batch, none (or true/false)",
     )
     _check(
-        c.importance_sampling_level in ("token", "sequence"),
+        c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
         f"importance_sampling_level={c.importance_sampling_level!r}: use token or sequence (GSPO)",
     )
     _check(
@@ -272,9 +279,10 @@ def _validate(c: GRPOConfig) -> None:
         c.vllm_max_model_len is None or c.vllm_max_model_len >= 2,
         "vllm_max_model_len must be >= 2 or null",
     )
+    mode = c.vllm_importance_sampling_mode
     _check(
-        c.vllm_importance_sampling_mode in IS_MODES,
-        f"vllm_importance_sampling_mode={c.vllm_importance_sampling_mode!r}: use one of {IS_MODES}",
+        mode in SAMPLING_IS_MODES,
+        f"vllm_importance_sampling_mode={mode!r}: use one of {SAMPLING_IS_MODES}",
     )
     _check(
         c.vllm_importance_sampling_cap >= 1,

@@ -110,3 +110,33 @@ def test_parse_overrides_forms():
 def test_missing_recipe(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_config_accepts_exactly_the_variants_the_math_has():
+    from grpokit.algo import LOSS_TYPES, SAMPLING_IS_MODES
+
+    for loss_type in LOSS_TYPES:
+        assert build_config({"loss_type": loss_type}).loss_type == loss_type
+    for mode in SAMPLING_IS_MODES:
+        assert build_config({"vllm_importance_sampling_mode": mode})
+    with pytest.raises(ConfigError, match=r"loss_type='ppo': use one of \('grpo'"):
+        build_config({"loss_type": "ppo"})
+
+
+def test_importing_the_config_loads_neither_torch_nor_the_tasks():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import grpokit
+
+    root = str(Path(grpokit.__file__).resolve().parents[1])  # the checkout under test
+    code = (
+        "import sys, grpokit.config; print(sorted({'torch', 'grpokit.tasks'} & set(sys.modules)))"
+    )
+    env = {**os.environ, "PYTHONPATH": root}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "[]"
