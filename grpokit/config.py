@@ -5,7 +5,9 @@ error naming the closest valid key; a TRL/transformers key that grpokit delibera
 ignores is a warning. Batch arithmetic that cannot work is refused here, before any
 model loads.
 
-At import the config reads only the variant names of ``grpokit.algo.variants`` (no torch).
+The config sits below the rest of grpokit: at import it reads only the variant names of
+``grpokit.algo.variants`` (no torch). ``build_config`` consults the task registry, lazily,
+to name and check the task (``_resolve_task``).
 """
 
 from __future__ import annotations
@@ -535,13 +537,16 @@ def _typed_values(values: dict[str, Any], source: str) -> dict[str, Any]:
     return clean
 
 
-def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfig:
-    """Validate ``values`` (types, ranges, batch arithmetic) and return a frozen config."""
-    clean = _typed_values(values, source)
-    if "task" not in clean and clean.get("dataset_name"):
-        # TRL / open-r1 recipes name a dataset, not a task: pick the task of a known dataset
-        from grpokit.tasks import task_for_dataset
+def _resolve_task(clean: dict[str, Any], source: str) -> None:
+    """Name the task in ``clean``: the task of a dataset grpokit knows when a TRL / open-r1
+    recipe names only ``dataset_name``; then check the name against the task registry.
 
+    The only place the config reads ``grpokit.tasks``, and only here (not at import): which
+    datasets a task reads, and which tasks exist, are the tasks' own knowledge (a task added
+    with ``register_task`` counts too), so a copied list would drift from it."""
+    from grpokit.tasks import registered_tasks, task_for_dataset
+
+    if "task" not in clean and clean.get("dataset_name"):
         task = task_for_dataset(clean["dataset_name"])
         if task is not None:
             clean["task"] = task
@@ -550,8 +555,22 @@ def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfi
                 f"{source}: no task named and dataset_name {clean['dataset_name']!r} is not a "
                 f"dataset grpokit knows, so the default task {GRPOConfig.task!r} reads it; set "
                 "task (math, gsm8k, countdown, tldr, custom, ...) if that is not its layout",
-                stacklevel=2,
+                stacklevel=3,
             )
+    task, known = clean.get("task", GRPOConfig.task), registered_tasks()
+    if task not in known:
+        hint = _did_you_mean(task, known, cutoff=0.4)
+        raise ConfigError(
+            f"unknown task {task!r}{hint or '.'} Known: {', '.join(known)} (a new task is "
+            "added with grpokit.tasks.register_task, see docs/tasks.md)"
+        )
+
+
+def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfig:
+    """Validate ``values`` (types, ranges, batch arithmetic, the task's name) and return a
+    frozen config."""
+    clean = _typed_values(values, source)
+    _resolve_task(clean, source)
     return GRPOConfig(**clean)
 
 

@@ -140,3 +140,20 @@ def test_importing_the_config_loads_neither_torch_nor_the_tasks():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_unknown_task_is_refused_with_the_known_names():
+    with pytest.raises(ConfigError, match=r"unknown task 'gsm8'; did you mean 'gsm8k'\? Known: "):
+        build_config({"task": "gsm8"})
+    with pytest.raises(
+        ConfigError, match=r"unknown task 'nothing_like_it'\. Known: .*register_task"
+    ):
+        build_config({"task": "nothing_like_it"})
+
+
+def test_a_registered_task_is_known_to_the_config():
+    from grpokit.tasks import register_task
+    from grpokit.tasks.custom import CustomTask
+
+    register_task("custom_for_config_test", CustomTask)
+    assert build_config({"task": "custom_for_config_test"}).task == "custom_for_config_test"
