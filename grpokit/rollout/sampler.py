@@ -27,7 +27,9 @@ import torch
 from grpokit.rollout.fastdecode import FastDecoder
 
 
-def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+def filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """``scores`` (N, V) with every token outside the top-k (0 or None: off) and outside the
+    top-p nucleus set to -inf, as ``generate``'s TopK and TopP warpers do."""
     if top_k and 0 < top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -41,7 +43,7 @@ def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -
     return scores
 
 
-def _apply_repetition_penalty(
+def apply_repetition_penalty(
     scores: torch.Tensor, seen: torch.Tensor, penalty: float
 ) -> torch.Tensor:
     """CTRL-style penalty as ``generate`` applies it: for every id already in the sequence
@@ -276,14 +278,14 @@ def _choose(logits: torch.Tensor, run: _Running, choice: _Choice, t: int) -> tor
     order (repetition penalty, no EOS before min_new_tokens, temperature, top-k, top-p);
     ``pad_id`` for rows that have ended."""
     if run.seen is not None:
-        logits = _apply_repetition_penalty(logits, run.seen, choice.repetition_penalty)
+        logits = apply_repetition_penalty(logits, run.seen, choice.repetition_penalty)
     if t < choice.min_new_tokens:
         logits[:, choice.eos] = float("-inf")
     if choice.greedy:
         nxt = logits.argmax(-1)
     else:
         scores = logits / choice.temperature if choice.temperature != 1.0 else logits
-        scores = _filter_top_k_top_p(scores, choice.top_k, choice.top_p)
+        scores = filter_top_k_top_p(scores, choice.top_k, choice.top_p)
         nxt = draw(scores.softmax(-1), choice.generator)
     return torch.where(run.done, torch.full_like(nxt, choice.pad_id), nxt)
 

@@ -157,3 +157,19 @@ def test_a_registered_task_is_known_to_the_config():
 
     register_task("custom_for_config_test", CustomTask)
     assert build_config({"task": "custom_for_config_test"}).task == "custom_for_config_test"
+
+
+def test_vllm_keys_are_real_and_validated():
+    c = build_config({"use_vllm": True, "vllm_mode": "server", "vllm_server_port": 8123})
+    assert c.use_vllm and c.vllm_mode == "server" and c.vllm_server_port == 8123
+    assert c.vllm_importance_sampling_correction and c.vllm_importance_sampling_cap == 2.0
+    for bad, match in [
+        ({"vllm_mode": "remote"}, "vllm_mode"),
+        ({"vllm_server_port": 0}, "vllm_server_port"),
+        ({"vllm_server_timeout": 0}, "vllm_server_timeout"),
+        ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization"),
+        ({"vllm_importance_sampling_mode": "tis"}, "token_truncate"),
+        ({"vllm_importance_sampling_cap": 0.5}, "vllm_importance_sampling_cap"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_config(bad)
