@@ -34,7 +34,7 @@ def _split_resume(rest: list[str]) -> tuple[list[str], str | bool | None]:
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
-    from grpokit.config import ConfigError, load_config
+    from grpokit.config import load_config
 
     recipe = args.recipe
     if recipe is None:
@@ -43,11 +43,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     overrides, resume = _split_resume(rest)
     dry_run = "--dry-run" in overrides or "--dry_run" in overrides
     overrides = [o for o in overrides if o not in ("--dry-run", "--dry_run")]
-    try:
-        cfg = load_config(recipe, overrides)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(recipe, overrides)
     if dry_run:
         return _print_plan(cfg, argparse.Namespace(**_PLAN_DEFAULTS))
     out = Path(cfg.output_dir)
@@ -65,11 +61,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         return 2
     from grpokit.trainer import GRPOTrainer
 
-    try:
-        trainer = GRPOTrainer(cfg, resume=resume)
-    except ConfigError as e:  # device and launch checks, before any model loads
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    trainer = GRPOTrainer(cfg, resume=resume)  # device and launch checks before models load
     result = trainer.train()
     return 130 if result.get("stopped") else 0
 
@@ -92,68 +84,85 @@ def _run_config(spec: str | None) -> dict:
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.distributed import resolve_device
-    from grpokit.evaluation import evaluate, format_comparison, save_eval
-    from grpokit.models import load_model_and_tokenizer
+    from grpokit.evaluation import format_comparison, save_eval
+    from grpokit.models import resolve_model
     from grpokit.rewards import get_reward_funcs
-    from grpokit.rollout.hf import HFRolloutEngine
-    from grpokit.tasks import get_task
 
-    run_cfg = (
-        _run_config(args.config or (args.compare or [args.model])[-1]) if not args.task else {}
-    )
-    task_name = args.task or run_cfg.get("task") or "gsm8k"
-    params = (
-        json.loads(args.task_params) if args.task_params else dict(run_cfg.get("task_params") or {})
-    )
-    task = get_task(
-        task_name,
-        dataset_name=args.dataset_name or run_cfg.get("dataset_name"),
-        system_prompt=args.system_prompt
-        if args.system_prompt is not None
-        else run_cfg.get("system_prompt"),
-        seed=args.seed if args.seed is not None else run_cfg.get("seed", 42),
-        dataset_config=run_cfg.get("dataset_config"),
-        dataset_prompt_column=run_cfg.get("dataset_prompt_column"),
-        **params,
-    )
-    if run_cfg:
-        print(f"[grpokit] task {task_name} {params} from the run's config ({run_cfg['_path']})")
-    args.task = task_name
-    rows = task.build(args.split, limit=args.max_eval_samples)
-    funcs = get_reward_funcs(list(task.default_reward_funcs))
     models = args.compare if args.compare else [args.model]
+    for spec in models:  # a model that cannot load is named before any data loads
+        resolve_model(spec)
     try:
         device = resolve_device(args.device)  # a GPU torch cannot see fails before loading
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    task = _eval_task(args)
+    rows = task.build(args.split, limit=args.max_eval_samples)
+    funcs = get_reward_funcs(list(task.default_reward_funcs))
     results = {}
     labels = [spec if len(models) == 1 else f"[{chr(65 + i)}]" for i, spec in enumerate(models)]
     for label, spec in zip(labels, models):
         if len(models) > 1:
             print(f"{label} = {spec}")
-        model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype)
-        model.to(device)
-        print(
-            f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts",
-            flush=True,
-        )
-        r = evaluate(
-            HFRolloutEngine(model, tok),
-            task,
-            rows,
-            funcs,
-            batch_size=args.batch_size,
-            max_new_tokens=args.max_completion_length,
-            num_samples=args.num_samples,
-            temperature=args.temperature,
-        )
-        results[label] = {"model": spec, **r}
+        results[label] = {"model": spec, **_evaluate_model(spec, task, rows, funcs, device, args)}
     print(format_comparison(results))
     if args.output:
         save_eval(results if len(results) > 1 else results[labels[0]], args.output)
         print(f"saved {args.output}")
     return 0
+
+
+def _eval_task(args: argparse.Namespace):
+    """The task to evaluate on: --task with its options, else the task of the model's saved
+    run config (or --config's), else gsm8k. Sets ``args.task`` to its name."""
+    from grpokit.config import build_config
+    from grpokit.setup import build_task
+
+    run_cfg = (
+        _run_config(args.config or (args.compare or [args.model])[-1]) if not args.task else {}
+    )
+    keep = ("task_params", "dataset_name", "dataset_config", "system_prompt",
+            "dataset_prompt_column")  # fmt: skip
+    values = {k: run_cfg[k] for k in keep if run_cfg.get(k) is not None}
+    values["task"] = args.task or run_cfg.get("task") or "gsm8k"
+    values["seed"] = args.seed if args.seed is not None else run_cfg.get("seed", 42)
+    if args.task_params:
+        values["task_params"] = json.loads(args.task_params)
+    if args.dataset_name:
+        values["dataset_name"] = args.dataset_name
+    if args.system_prompt is not None:
+        values["system_prompt"] = args.system_prompt
+    cfg = build_config(values, source="eval options")
+    if run_cfg:
+        print(
+            f"[grpokit] task {cfg.task} {cfg.task_params} from the run's config ({run_cfg['_path']})"
+        )
+    args.task = cfg.task
+    return build_task(cfg)
+
+
+def _evaluate_model(spec: str, task, rows: list, funcs: list, device, args) -> dict:
+    """Load the model ``spec`` onto ``device`` and evaluate it on ``rows`` of ``task``."""
+    from grpokit.evaluation import evaluate
+    from grpokit.models import load_model_and_tokenizer
+    from grpokit.rollout.hf import HFRolloutEngine
+
+    model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype)
+    model.to(device)
+    print(
+        f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts",
+        flush=True,
+    )
+    return evaluate(
+        HFRolloutEngine(model, tok),
+        task,
+        rows,
+        funcs,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_completion_length,
+        num_samples=args.num_samples,
+        temperature=args.temperature,
+    )
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
@@ -274,17 +283,12 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:
     """Batch arithmetic and a per-device memory estimate; reads config.json, no weights."""
-    from grpokit.config import ConfigError, load_config
+    from grpokit.config import load_config
 
     own = argparse.ArgumentParser(prog="grpokit plan", add_help=False)
     _add_plan_options(own)
     opts, overrides = own.parse_known_args(rest)
-    recipe = args.recipe or str(DEFAULT_RECIPE)
-    try:
-        cfg = load_config(recipe, overrides)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.recipe or str(DEFAULT_RECIPE), overrides)
     return _print_plan(cfg, opts)
 
 
@@ -309,6 +313,29 @@ def build_parser() -> argparse.ArgumentParser:
         description="grpokit train [RECIPE.yaml] [--resume [CKPT]] [--dry-run] [--key value ...]",
     )
     t.add_argument("recipe", nargs="?", default=None)
+    _add_eval_parser(sub)
+    _add_generate_parser(sub)
+    pl = sub.add_parser(
+        "plan",
+        help="batch arithmetic + memory estimate per device, without loading weights",
+        description="grpokit plan [RECIPE.yaml] [--device_memory 80GB] [--zero_stage 0|2|3] "
+        "[--num_processes N] [--json] [--key value ...]",
+    )
+    pl.add_argument("recipe", nargs="?", default=None)
+    _add_plan_options(pl)
+    r = sub.add_parser("report", help="plots + a self-contained HTML report of a run directory")
+    r.add_argument("run_dir")
+    r.add_argument(
+        "--output", default=None, help="HTML path (default RUN_DIR/report.html); plots/ beside it"
+    )
+    _add_rollout_server_parser(sub)
+    return p
+
+
+_DEVICE_HELP = "auto (a GPU when torch sees one), cpu, cuda, cuda:N"
+
+
+def _add_eval_parser(sub) -> None:
     e = sub.add_parser("eval", help="evaluate a model on a task's held-out split")
     e.add_argument("model", nargs="?", default=None)
     e.add_argument("--compare", nargs="+", metavar="MODEL")
@@ -330,11 +357,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max_completion_length", type=int, default=256)
     e.add_argument("--batch_size", type=int, default=32)
     e.add_argument("--torch_dtype", default="float32")
-    e.add_argument(
-        "--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:N"
-    )
+    e.add_argument("--device", default="auto", help=_DEVICE_HELP)
     e.add_argument("--seed", type=int, default=None)
     e.add_argument("--output", default=None, help="write results as JSON")
+
+
+def _add_generate_parser(sub) -> None:
     g = sub.add_parser("generate", help="sample from a model with the training chat template")
     g.add_argument("model")
     g.add_argument("prompts", nargs="*")
@@ -347,22 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--greedy", action="store_true")
     g.add_argument("--num_samples", type=int, default=1)
     g.add_argument("--torch_dtype", default="float32")
-    g.add_argument(
-        "--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:N"
-    )
-    pl = sub.add_parser(
-        "plan",
-        help="batch arithmetic + memory estimate per device, without loading weights",
-        description="grpokit plan [RECIPE.yaml] [--device_memory 80GB] [--zero_stage 0|2|3] "
-        "[--num_processes N] [--json] [--key value ...]",
-    )
-    pl.add_argument("recipe", nargs="?", default=None)
-    _add_plan_options(pl)
-    r = sub.add_parser("report", help="plots + a self-contained HTML report of a run directory")
-    r.add_argument("run_dir")
-    r.add_argument(
-        "--output", default=None, help="HTML path (default RUN_DIR/report.html); plots/ beside it"
-    )
+    g.add_argument("--device", default="auto", help=_DEVICE_HELP)
+
+
+def _add_rollout_server_parser(sub) -> None:
     rs = sub.add_parser(
         "rollout-server",
         help="serve a model with vLLM for training with use_vllm: true, vllm_mode: server",
@@ -377,7 +393,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile", action="store_true", help="let vLLM compile (slower start-up, ~1-2 min)"
     )
     rs.add_argument("--seed", type=int, default=0)
-    return p
 
 
 def cmd_rollout_server(args: argparse.Namespace, rest: list[str]) -> int:
@@ -405,19 +420,24 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["train"]
     logging.basicConfig(level=logging.INFO, format="[grpokit] %(message)s")
     warnings.filterwarnings("default", module="grpokit")
-    parser = build_parser()
-    if argv[0] == "train":  # train takes free-form --key value overrides: parse by hand
+    try:
+        return _dispatch(build_parser(), argv)
+    except Exception as e:
+        label = _input_error_label(e)
+        if label is None:
+            raise
+        print(f"{label}: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    if argv[0] in ("train", "plan"):  # free-form --key value overrides: parsed by hand
         if any(a in ("-h", "--help") for a in argv[1:]):
-            parser.parse_args(["train", "--help"])
+            parser.parse_args([argv[0], "--help"])
         has_recipe = len(argv) > 1 and not argv[1].startswith("--")
-        args = argparse.Namespace(cmd="train", recipe=argv[1] if has_recipe else None)
-        return cmd_train(args, argv[2:] if has_recipe else argv[1:])
-    if argv[0] == "plan":  # plan takes --key value overrides too
-        if any(a in ("-h", "--help") for a in argv[1:]):
-            parser.parse_args(["plan", "--help"])
-        has_recipe = len(argv) > 1 and not argv[1].startswith("--")
-        args = argparse.Namespace(cmd="plan", recipe=argv[1] if has_recipe else None)
-        return cmd_plan(args, argv[2:] if has_recipe else argv[1:])
+        args = argparse.Namespace(cmd=argv[0], recipe=argv[1] if has_recipe else None)
+        cmd = cmd_train if argv[0] == "train" else cmd_plan
+        return cmd(args, argv[2:] if has_recipe else argv[1:])
     args, rest = parser.parse_known_args(argv)
     if rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
@@ -430,6 +450,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "rollout-server":
         return cmd_rollout_server(args, rest)
     return cmd_generate(args, rest)
+
+
+def _input_error_label(e: Exception) -> str | None:
+    """The one-line label of an error whose message names a problem in the user's input and
+    its fix (a config key, a model path, a dataset): the traceback would add nothing. None
+    for any other error, whose traceback is wanted."""
+    from grpokit.config import ConfigError
+
+    if isinstance(e, ConfigError):
+        return "config error"
+    # an error of these classes means their module is loaded: look it up, import nothing
+    models, tasks = sys.modules.get("grpokit.models"), sys.modules.get("grpokit.tasks")
+    if models is not None and isinstance(e, models.ModelSourceError):
+        return "model error"
+    if tasks is not None and isinstance(e, tasks.TaskDataError):
+        return "data error"
+    return None
 
 
 if __name__ == "__main__":

@@ -4,6 +4,10 @@ Keys keep the names of TRL's ``GRPOConfig`` and open-r1 recipes. An unknown key 
 error naming the closest valid key; a TRL/transformers key that grpokit deliberately
 ignores is a warning. Batch arithmetic that cannot work is refused here, before any
 model loads.
+
+The config sits below the rest of grpokit: at import it reads only the variant names of
+``grpokit.algo.variants`` (no torch). ``build_config`` consults the task registry, lazily,
+to name and check the task (``_resolve_task``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ from typing import Any, Union
 
 import yaml
 
+from grpokit.algo.variants import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    SAMPLING_IS_MODES,
+    SCALE_REWARDS,
+)
+
 
 class ConfigError(ValueError):
     """A recipe or override that cannot work; the message names the problem and the fix."""
@@ -35,8 +46,6 @@ SCHEDULERS = (
     "constant_with_warmup",
 )
 DTYPES = ("float32", "bfloat16", "float16", "auto")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
@@ -227,36 +236,73 @@ class GRPOConfig:
 
 
 # ---------------------------------------------------------------------- validation
+# One validator per theme, each run on every config (``__post_init__``). A config with
+# several faults reports the first fault of the first theme that has one.
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
 
 
 def _validate(c: GRPOConfig) -> None:
+    for check in _VALIDATORS:
+        check(c)
+
+
+def _check_model(c: GRPOConfig) -> None:
     _check(c.torch_dtype in DTYPES, f"torch_dtype={c.torch_dtype!r}: use one of {DTYPES}")
     _check(
         isinstance(c.device, str) and bool(re.match(r"^(auto|cpu|cuda|cuda:\d+)$", c.device)),
         f"device={c.device!r}: use auto, cpu, cuda or cuda:N",
     )
+    _check(c.lora_r >= 1 and c.lora_alpha > 0, "lora_r must be >= 1 and lora_alpha > 0")
+
+
+def _check_objective(c: GRPOConfig) -> None:
     _check(c.loss_type in LOSS_TYPES, f"loss_type={c.loss_type!r}: use one of {LOSS_TYPES}")
     _check(
-        c.scale_rewards_mode in ("group", "batch", "none"),
+        c.scale_rewards_mode in SCALE_REWARDS,
         f"scale_rewards={c.scale_rewards!r}: use group, batch, none (or true/false)",
     )
     _check(
-        c.importance_sampling_level in ("token", "sequence"),
+        c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
         f"importance_sampling_level={c.importance_sampling_level!r}: use token or sequence (GSPO)",
     )
+    _check(c.epsilon > 0, f"epsilon={c.epsilon} must be > 0 (the PPO clip range, e.g. 0.2)")
     _check(
-        c.lr_scheduler_type in SCHEDULERS,
-        f"lr_scheduler_type={c.lr_scheduler_type!r}: use one of {SCHEDULERS}",
+        c.epsilon_high is None or c.epsilon_high > 0,
+        f"epsilon_high={c.epsilon_high} must be > 0 (DAPO uses 0.28)",
     )
+    _check(c.beta >= 0, f"beta={c.beta} must be >= 0 (0 disables the KL term)")
+    _check(c.num_iterations >= 1, f"num_iterations={c.num_iterations} must be >= 1")
+
+
+def _check_reference(c: GRPOConfig) -> None:
+    _check(0 <= c.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]")
+    _check(c.ref_model_sync_steps >= 1, "ref_model_sync_steps must be >= 1")
+    _check(
+        not (c.sync_ref_model and c.use_peft),
+        "sync_ref_model with use_peft: the reference is the base model with the adapter "
+        "disabled, which cannot be mixed; turn one of them off",
+    )
+
+
+def _check_generation(c: GRPOConfig) -> None:
     _check(c.prompt_truncation in ("truncate", "error"), "prompt_truncation: use truncate or error")
-    _check(c.reward_errors in ("raise", "skip"), "reward_errors: use raise or skip")
     _check(
         c.generation_loop in ("grpokit", "hf"),
         f"generation_loop={c.generation_loop!r}: use grpokit or hf (transformers' generate)",
     )
+    _check(c.temperature > 0, f"temperature={c.temperature} must be > 0 (sampling needs it)")
+    _check(0 < c.top_p <= 1, f"top_p={c.top_p} must be in (0, 1]")
+    _check(c.top_k is None or c.top_k >= 0, f"top_k={c.top_k} must be >= 0 (0 or null: off)")
+    _check(c.max_completion_length >= 1, "max_completion_length must be >= 1")
+    _check(
+        c.max_prompt_length is None or c.max_prompt_length >= 1,
+        "max_prompt_length must be >= 1 or null",
+    )
+
+
+def _check_vllm(c: GRPOConfig) -> None:
     _check(
         c.vllm_mode in ("colocate", "server"),
         f"vllm_mode={c.vllm_mode!r}: use colocate (vLLM in the training process) or server "
@@ -272,9 +318,10 @@ def _validate(c: GRPOConfig) -> None:
         c.vllm_max_model_len is None or c.vllm_max_model_len >= 2,
         "vllm_max_model_len must be >= 2 or null",
     )
+    mode = c.vllm_importance_sampling_mode
     _check(
-        c.vllm_importance_sampling_mode in IS_MODES,
-        f"vllm_importance_sampling_mode={c.vllm_importance_sampling_mode!r}: use one of {IS_MODES}",
+        mode in SAMPLING_IS_MODES,
+        f"vllm_importance_sampling_mode={mode!r}: use one of {SAMPLING_IS_MODES}",
     )
     _check(
         c.vllm_importance_sampling_cap >= 1,
@@ -286,51 +333,41 @@ def _validate(c: GRPOConfig) -> None:
         "use_vllm with more than one process is not supported yet; run one process or "
         "use_vllm: false",
     )
+
+
+def _check_rewards(c: GRPOConfig) -> None:
+    _check(c.reward_errors in ("raise", "skip"), "reward_errors: use raise or skip")
     _check(c.max_nonfinite_skips >= 1, "max_nonfinite_skips must be >= 1")
-    reports = [c.report_to] if isinstance(c.report_to, str) else list(c.report_to)
-    for r in reports:
-        _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
+    if c.reward_weights is None:
+        return
+    _check(
+        all(isinstance(w, (int, float)) and math.isfinite(w) for w in c.reward_weights),
+        f"reward_weights={c.reward_weights} must be finite numbers",
+    )
+    if c.reward_funcs is not None:
+        _check(
+            len(c.reward_weights) == len(c.reward_funcs),
+            f"reward_weights has {len(c.reward_weights)} entries but reward_funcs has "
+            f"{len(c.reward_funcs)}; give one weight per function",
+        )
+
+
+def _check_optimization(c: GRPOConfig) -> None:
+    _check(
+        c.lr_scheduler_type in SCHEDULERS,
+        f"lr_scheduler_type={c.lr_scheduler_type!r}: use one of {SCHEDULERS}",
+    )
     _check(c.learning_rate > 0, f"learning_rate={c.learning_rate} must be > 0")
     _check(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio} must be in [0, 1)")
-    _check(c.epsilon > 0, f"epsilon={c.epsilon} must be > 0 (the PPO clip range, e.g. 0.2)")
-    _check(
-        c.epsilon_high is None or c.epsilon_high > 0,
-        f"epsilon_high={c.epsilon_high} must be > 0 (DAPO uses 0.28)",
-    )
-    _check(c.beta >= 0, f"beta={c.beta} must be >= 0 (0 disables the KL term)")
-    _check(c.temperature > 0, f"temperature={c.temperature} must be > 0 (sampling needs it)")
-    _check(0 < c.top_p <= 1, f"top_p={c.top_p} must be in (0, 1]")
-    _check(c.top_k is None or c.top_k >= 0, f"top_k={c.top_k} must be >= 0 (0 or null: off)")
-    _check(c.max_completion_length >= 1, "max_completion_length must be >= 1")
-    _check(
-        c.max_prompt_length is None or c.max_prompt_length >= 1,
-        "max_prompt_length must be >= 1 or null",
-    )
-    _check(c.num_iterations >= 1, f"num_iterations={c.num_iterations} must be >= 1")
     _check(c.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 disables clipping)")
-    _check(c.logging_steps >= 1, "logging_steps must be >= 1")
-    _check(c.save_steps >= 0, "save_steps must be >= 0 (0: only the final save)")
-    _check(
-        c.report_steps >= 0, "report_steps must be >= 0 (0: the report is written at the end only)"
-    )
-    _check(c.eval_steps >= 0, "eval_steps must be >= 0 (0: no periodic evaluation)")
-    _check(c.max_eval_samples >= 0, "max_eval_samples must be >= 0")
-    _check(
-        c.save_total_limit is None or c.save_total_limit >= 1,
-        "save_total_limit must be >= 1 or null",
-    )
     _check(
         c.max_steps > 0 or c.num_train_epochs > 0,
         "set max_steps > 0 or num_train_epochs > 0 so that the run has some length",
     )
-    _check(0 <= c.ref_model_mixup_alpha <= 1, "ref_model_mixup_alpha must be in [0, 1]")
-    _check(c.ref_model_sync_steps >= 1, "ref_model_sync_steps must be >= 1")
-    _check(
-        not (c.sync_ref_model and c.use_peft),
-        "sync_ref_model with use_peft: the reference is the base model with the adapter "
-        "disabled, which cannot be mixed; turn one of them off",
-    )
-    _check(c.lora_r >= 1 and c.lora_alpha > 0, "lora_r must be >= 1 and lora_alpha > 0")
+
+
+def _check_batch(c: GRPOConfig) -> None:
+    """Batch sizes and the group arithmetic: one step's completions split into groups."""
     _check(
         c.per_device_train_batch_size >= 1 and c.gradient_accumulation_steps >= 1,
         "per_device_train_batch_size and gradient_accumulation_steps must be >= 1",
@@ -352,17 +389,37 @@ def _validate(c: GRPOConfig) -> None:
         f"divisible by num_generations ({G}); choose values so that it is, e.g. "
         f"per_device_train_batch_size={G} or num_generations dividing {n}",
     )
-    if c.reward_weights is not None:
-        _check(
-            all(isinstance(w, (int, float)) and math.isfinite(w) for w in c.reward_weights),
-            f"reward_weights={c.reward_weights} must be finite numbers",
-        )
-        if c.reward_funcs is not None:
-            _check(
-                len(c.reward_weights) == len(c.reward_funcs),
-                f"reward_weights has {len(c.reward_weights)} entries but reward_funcs has "
-                f"{len(c.reward_funcs)}; give one weight per function",
-            )
+
+
+def _check_logging(c: GRPOConfig) -> None:
+    """Logging, checkpoints, reports and evaluation."""
+    reports = [c.report_to] if isinstance(c.report_to, str) else list(c.report_to)
+    for r in reports:
+        _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
+    _check(c.logging_steps >= 1, "logging_steps must be >= 1")
+    _check(c.save_steps >= 0, "save_steps must be >= 0 (0: only the final save)")
+    _check(
+        c.save_total_limit is None or c.save_total_limit >= 1,
+        "save_total_limit must be >= 1 or null",
+    )
+    _check(
+        c.report_steps >= 0, "report_steps must be >= 0 (0: the report is written at the end only)"
+    )
+    _check(c.eval_steps >= 0, "eval_steps must be >= 0 (0: no periodic evaluation)")
+    _check(c.max_eval_samples >= 0, "max_eval_samples must be >= 0")
+
+
+_VALIDATORS = (
+    _check_model,
+    _check_objective,
+    _check_reference,
+    _check_generation,
+    _check_vllm,
+    _check_rewards,
+    _check_optimization,
+    _check_batch,
+    _check_logging,
+)
 
 
 # ---------------------------------------------------------------------- building
@@ -370,101 +427,126 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(GRPOConfig)
 
 
+_TYPE_WORDS = {
+    list: "a list",
+    dict: "a mapping",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    type(None): "null",
+}
+
+
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check/convert ``value`` to the annotated type ``tp``; raise ConfigError if it cannot be."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(key, value, a)
-            except ConfigError as e:
-                errors.append(str(e))
-        words = {
-            list: "a list",
-            dict: "a mapping",
-            int: "an integer",
-            float: "a number",
-            str: "a string",
-            bool: "true or false",
-            type(None): "null",
-        }
-        names = " or ".join(words.get(a, getattr(a, "__name__", str(a))) for a in args)
-        raise ConfigError(f"{key}={value!r}: expected {names}")
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{key}={value!r}: expected true or false")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r}: expected an integer")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}={value!r}: expected an integer")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r}: expected a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}={value!r}: expected a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}={value!r}: expected a string")
-    if tp is list or origin is list:
-        if isinstance(value, (list, tuple)):
-            return list(value)
-        raise ConfigError(f"{key}={value!r}: expected a list")
-    if tp is dict or origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-        raise ConfigError(f"{key}={value!r}: expected a mapping")
+        return _coerce_union(key, value, typing.get_args(tp))
+    if tp in _SCALARS:
+        return _SCALARS[tp](key, value)
+    for container in (list, dict):
+        if tp is container or origin is container:
+            if isinstance(value, (list, tuple) if container is list else dict):
+                return container(value)
+            raise ConfigError(f"{key}={value!r}: expected {_TYPE_WORDS[container]}")
     return value
 
 
+def _coerce_union(key: str, value: Any, args: tuple) -> Any:
+    """The first member of ``args`` (in annotation order) that takes ``value``."""
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(key, value, a)
+        except ConfigError:
+            pass
+    names = " or ".join(_TYPE_WORDS.get(a, getattr(a, "__name__", str(a))) for a in args)
+    raise ConfigError(f"{key}={value!r}: expected {names}")
+
+
+def _to_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ConfigError(f"{key}={value!r}: expected true or false")
+
+
+def _to_int(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}={value!r}: expected an integer")
+
+
+def _to_float(key: str, value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{key}={value!r}: expected a number")
+
+
+def _to_str(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ConfigError(f"{key}={value!r}: expected a string")
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
+def _did_you_mean(word: str, choices: list[str], cutoff: float) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _unknown_key_error(key: str, valid: list[str]) -> ConfigError:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
+    hint = _did_you_mean(key, valid, cutoff=0.5)
     return ConfigError(f"unknown config key {key!r}{hint} (see README, 'Config keys')")
 
 
-def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfig:
-    """Validate ``values`` (types, ranges, batch arithmetic) and return a frozen config."""
+def _typed_values(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """``values`` with each key checked against the config's fields and each value converted
+    to its field's type; a key grpokit ignores is dropped with a warning."""
     hints = _field_types()
     clean: dict[str, Any] = {}
     for key, value in values.items():
         if key in IGNORED_KEYS:
             warnings.warn(
                 f"{source}: key {key!r} is ignored by grpokit ({IGNORED_KEYS[key]})",
-                stacklevel=2,
+                stacklevel=3,
             )
             continue
         if key not in hints:
             raise _unknown_key_error(key, list(hints))
         clean[key] = _coerce(key, value, hints[key])
-    if "task" not in clean and clean.get("dataset_name"):
-        # TRL / open-r1 recipes name a dataset, not a task: pick the task of a known dataset
-        from grpokit.tasks import task_for_dataset
+    return clean
 
+
+def _resolve_task(clean: dict[str, Any], source: str) -> None:
+    """Name the task in ``clean``: the task of a dataset grpokit knows when a TRL / open-r1
+    recipe names only ``dataset_name``; then check the name against the task registry.
+
+    The only place the config reads ``grpokit.tasks``, and only here (not at import): which
+    datasets a task reads, and which tasks exist, are the tasks' own knowledge (a task added
+    with ``register_task`` counts too), so a copied list would drift from it."""
+    from grpokit.tasks import registered_tasks, task_for_dataset
+
+    if "task" not in clean and clean.get("dataset_name"):
         task = task_for_dataset(clean["dataset_name"])
         if task is not None:
             clean["task"] = task
@@ -473,8 +555,22 @@ def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfi
                 f"{source}: no task named and dataset_name {clean['dataset_name']!r} is not a "
                 f"dataset grpokit knows, so the default task {GRPOConfig.task!r} reads it; set "
                 "task (math, gsm8k, countdown, tldr, custom, ...) if that is not its layout",
-                stacklevel=2,
+                stacklevel=3,
             )
+    task, known = clean.get("task", GRPOConfig.task), registered_tasks()
+    if task not in known:
+        hint = _did_you_mean(task, known, cutoff=0.4)
+        raise ConfigError(
+            f"unknown task {task!r}{hint or '.'} Known: {', '.join(known)} (a new task is "
+            "added with grpokit.tasks.register_task, see docs/tasks.md)"
+        )
+
+
+def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfig:
+    """Validate ``values`` (types, ranges, batch arithmetic, the task's name) and return a
+    frozen config."""
+    clean = _typed_values(values, source)
+    _resolve_task(clean, source)
     return GRPOConfig(**clean)
 
 

@@ -181,11 +181,17 @@ def resolve_model(
         return ResolvedModel(str(p), f"local directory {p}")
     if spec.endswith(".gguf"):
         if not p.is_file():
-            raise ModelSourceError(f"GGUF file {spec!r} does not exist")
+            raise ModelSourceError(
+                f"GGUF file {spec!r} does not exist; give the path of an existing .gguf file "
+                "or a transformers model directory"
+            )
         out = convert_gguf(p, _gguf_cache_dir(p))
         return ResolvedModel(str(out), f"GGUF file {p} dequantised to {out}")
     if spec.startswith((".", "/", "~")):
-        raise ModelSourceError(f"model path {spec!r} does not exist")
+        raise ModelSourceError(
+            f"model path {spec!r} does not exist; give a transformers model directory (with "
+            "config.json), a .gguf file or a hub id"
+        )
     cached = hub_cached_snapshot(spec)
     if cached:
         return ResolvedModel(cached, f"hub cache of {spec} at {cached}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-SCALE_REWARDS = ("group", "batch", "none")
+from grpokit.algo.variants import SCALE_REWARDS
 
 
 def _nan_mean_std(x: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,9 +39,8 @@ from __future__ import annotations
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-SAMPLING_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+from grpokit.algo.variants import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, SAMPLING_IS_MODES
+
 KL_LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: finite in fp32, and far beyond any sane policy gap
 
 

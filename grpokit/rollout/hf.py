@@ -68,6 +68,12 @@ class HFRolloutEngine:
         self.sampling_dtype = dtype
         self.sampling_model()
 
+    @property
+    def sampling_copy(self):
+        """The model sampled from instead of the policy (with ``sampling_dtype``): None until
+        the first ``generate`` or ``build_copy``; refreshed in place, never replaced."""
+        return self._copy
+
     def weights_updated(self) -> None:
         """The policy's weights changed (optimizer step, resume): refresh the copy."""
         self._stale = True

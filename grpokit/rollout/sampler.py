@@ -20,12 +20,16 @@ that ended get ``pad_id`` and leave the batch; the loop stops when every row has
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from grpokit.speed.fastdecode import FastDecoder
 
 
-def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+def filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """``scores`` (N, V) with every token outside the top-k (0 or None: off) and outside the
+    top-p nucleus set to -inf, as ``generate``'s TopK and TopP warpers do."""
     if top_k and 0 < top_k < scores.shape[-1]:
         kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -39,7 +43,7 @@ def _filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -
     return scores
 
 
-def _apply_repetition_penalty(
+def apply_repetition_penalty(
     scores: torch.Tensor, seen: torch.Tensor, penalty: float
 ) -> torch.Tensor:
     """CTRL-style penalty as ``generate`` applies it: for every id already in the sequence
@@ -83,6 +87,46 @@ def _cache_tensors(cache) -> tuple[list[torch.Tensor], list[torch.Tensor]] | Non
     return [ly.keys for ly in layers], [ly.values for ly in layers]
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """How the next token of every row is chosen (``sample``'s arguments)."""
+
+    eos: torch.Tensor  # (E,) the ids that end a row
+    pad_id: int
+    greedy: bool
+    temperature: float
+    top_p: float
+    top_k: int | None
+    repetition_penalty: float
+    min_new_tokens: int
+    generator: torch.Generator | None
+
+
+@dataclass
+class _Running:
+    """The rows still decoding: for each, its row in the output, whether it has ended, its
+    attention mask over prompt + completion, its next position and, with a repetition
+    penalty, the ids it has seen. Rows leave together with their cache rows (``keep``)."""
+
+    rows: torch.Tensor  # (n,) index in the output
+    done: torch.Tensor  # (n,) bool
+    mask: torch.Tensor  # (n, P + max_new_tokens)
+    next_pos: torch.Tensor  # (n, 1)
+    seen: torch.Tensor | None  # (n, P + t) prompt and completion ids, or None
+
+    @classmethod
+    def start(cls, mask: torch.Tensor, next_pos: torch.Tensor, seen: torch.Tensor | None):
+        """Every row running, none ended."""
+        n, device = mask.shape[0], mask.device
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        return cls(torch.arange(n, device=device), done, mask, next_pos, seen)
+
+    def keep(self, idx: torch.Tensor) -> None:
+        self.rows, self.done = self.rows[idx], self.done[idx]
+        self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
+        self.seen = None if self.seen is None else self.seen[idx]
+
+
 @torch.no_grad()
 def sample(
     model,
@@ -115,44 +159,16 @@ def sample(
     from the model's own weights, same arithmetic) when it reproduces the model (Llama,
     Mistral, Qwen2 without autocast); otherwise, or when False, through the model's forward.
     """
-    from transformers import DynamicCache, StaticCache
-
     B, P = input_ids.shape
     G = max(1, int(num_samples))
-    N = B * G
     device = input_ids.device
     total = P + max_new_tokens
-    # Under autocast (LoRA runs in bf16) keys and values do not keep one dtype from the
-    # prompt pass to the decode steps, which a preallocated cache cannot hold.
-    if torch.is_autocast_enabled(device.type):
-        cache = DynamicCache(config=model.config)
-    else:
-        cache = StaticCache(config=model.config, max_cache_len=total)
-    mask = torch.zeros(B, total, dtype=attention_mask.dtype, device=device)
-    mask[:, :P] = attention_mask
-    # positions as generate numbers them with left padding: count of real tokens before
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    eos = torch.tensor(eos_ids, device=device, dtype=torch.long)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask[:, :P],
-        position_ids=pos,
-        past_key_values=cache,
-        cache_position=torch.arange(P, device=device),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    logits = out.logits[:, -1, :].float()
-    next_pos = pos[:, -1:] + 1
+    cache = _new_cache(model, device, total)
+    logits, mask, next_pos = _prefill(model, input_ids, attention_mask, cache, total)
     seen = input_ids if repetition_penalty != 1.0 else None
-    # rows: for each row of the running batch, its index in the output
-    rows = torch.arange(N, device=device)
     if G > 1:
         rep = torch.arange(B, device=device).repeat_interleave(G)
-        if _select_rows(cache, rep):
-            logits, mask, next_pos = logits[rep], mask[rep], next_pos[rep]
-            seen = None if seen is None else seen[rep]
-        else:  # a cache we cannot index: run the repeated prompts instead
+        if not _select_rows(cache, rep):  # a cache we cannot index: repeat the prompts instead
             return sample(
                 model,
                 input_ids.repeat_interleave(G, 0),
@@ -169,55 +185,123 @@ def sample(
                 generator=generator,
                 fused_decode=fused_decode,
             )
-    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    done = torch.zeros(N, dtype=torch.bool, device=device)  # over the running rows
-    fast = None
-    if fused_decode and isinstance(cache, StaticCache) and _cache_tensors(cache) is not None:
-        fast = FastDecoder.build(model, total)
-        if fast is not None:
-            fast.rotary_tables(total, next(model.parameters()).dtype)
+        logits, mask, next_pos = logits[rep], mask[rep], next_pos[rep]
+        seen = None if seen is None else seen[rep]
+    choice = _Choice(
+        eos=torch.tensor(eos_ids, device=device, dtype=torch.long), pad_id=pad_id,
+        greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
+        repetition_penalty=repetition_penalty, generator=generator,
+        min_new_tokens=min_new_tokens if eos_ids else 0,  # no EOS to hold back otherwise
+    )  # fmt: skip
+    fast = _fast_decoder(model, cache, total) if fused_decode else None
+    run = _Running.start(mask, next_pos, seen)
+    return _decode(model, cache, fast, logits, run, choice, P, max_new_tokens)
+
+
+def _new_cache(model, device: torch.device, total: int):
+    """A key/value cache for ``total`` positions: preallocated (``StaticCache``), except under
+    autocast (LoRA runs in bf16), where keys and values do not keep one dtype from the prompt
+    pass to the decode steps, which a preallocated cache cannot hold."""
+    from transformers import DynamicCache, StaticCache
+
+    if torch.is_autocast_enabled(device.type):
+        return DynamicCache(config=model.config)
+    return StaticCache(config=model.config, max_cache_len=total)
+
+
+def _prefill(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache, total: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the prompts (B, P) once into ``cache``: each prompt's next-token logits (B, V),
+    its attention mask over ``total`` positions (B, total) and its next position (B, 1)."""
+    B, P = input_ids.shape
+    device = input_ids.device
+    mask = torch.zeros(B, total, dtype=attention_mask.dtype, device=device)
+    mask[:, :P] = attention_mask
+    # positions as generate numbers them with left padding: count of real tokens before
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask[:, :P],
+        position_ids=pos,
+        past_key_values=cache,
+        cache_position=torch.arange(P, device=device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1, :].float(), mask, pos[:, -1:] + 1
+
+
+def _fast_decoder(model, cache, total: int) -> FastDecoder | None:
+    """The fused decode step for ``model``, when the cache is preallocated and the model is
+    one it reproduces; None otherwise."""
+    from transformers import StaticCache
+
+    if not isinstance(cache, StaticCache) or _cache_tensors(cache) is None:
+        return None
+    fast = FastDecoder.build(model, total)
+    if fast is not None:
+        fast.rotary_tables(total, next(model.parameters()).dtype)
+    return fast
+
+
+def _decode(
+    model, cache, fast, logits, run: _Running, choice: _Choice, P: int, max_new_tokens: int
+) -> torch.Tensor:
+    """The decode loop from the prompts' next-token ``logits`` (N, V): (N, C) completion ids."""
+    N, device = logits.shape[0], logits.device
+    tokens = torch.full((N, max_new_tokens), choice.pad_id, dtype=torch.long, device=device)
     steps = 0
     for t in range(max_new_tokens):
-        if seen is not None:
-            logits = _apply_repetition_penalty(logits, seen, repetition_penalty)
-        if t < min_new_tokens and eos_ids:
-            logits[:, eos] = float("-inf")
-        if greedy:
-            nxt = logits.argmax(-1)
-        else:
-            scores = logits / temperature if temperature != 1.0 else logits
-            scores = _filter_top_k_top_p(scores, top_k, top_p)
-            nxt = draw(scores.softmax(-1), generator)
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        tokens[rows, t] = nxt
+        nxt = _choose(logits, run, choice, t)
+        tokens[run.rows, t] = nxt
         steps = t + 1
-        done |= torch.isin(nxt, eos)
-        n_done = int(done.sum())
-        if n_done == done.numel() or t == max_new_tokens - 1:
+        run.done |= torch.isin(nxt, choice.eos)
+        n_done = int(run.done.sum())
+        if n_done == run.done.numel() or t == max_new_tokens - 1:
             break
-        if n_done and n_done >= done.numel() // 8:
-            keep = torch.nonzero(~done).squeeze(1)
+        if n_done and n_done >= run.done.numel() // 8:
+            keep = torch.nonzero(~run.done).squeeze(1)
             if _select_rows(cache, keep):
-                rows, done, nxt = rows[keep], done[keep], nxt[keep]
-                mask, next_pos = mask[keep], next_pos[keep]
-                seen = None if seen is None else seen[keep]
-        if seen is not None:
-            seen = torch.cat([seen, nxt[:, None]], dim=1)
-        mask[:, P + t] = 1
-        if fast is not None:
-            keys, values = _cache_tensors(cache)
-            attend = mask[:, : P + t + 1].bool()
-            logits = fast.step(nxt, next_pos[:, 0], keys, values, P + t, attend)
-            next_pos = next_pos + 1
-            continue
-        out = model(
-            input_ids=nxt[:, None],
-            attention_mask=mask[:, : P + t + 1],
-            position_ids=next_pos,
-            past_key_values=cache,
-            cache_position=torch.tensor([P + t], device=device),
-            use_cache=True,
-        )
-        logits = out.logits[:, -1, :].float()
-        next_pos = next_pos + 1
+                nxt = nxt[keep]
+                run.keep(keep)
+        if run.seen is not None:
+            run.seen = torch.cat([run.seen, nxt[:, None]], dim=1)
+        run.mask[:, P + t] = 1
+        logits = _step(model, cache, fast, nxt, run, P + t)
+        run.next_pos = run.next_pos + 1
     return tokens[:, :steps]
+
+
+def _choose(logits: torch.Tensor, run: _Running, choice: _Choice, t: int) -> torch.Tensor:
+    """The (n,) next tokens of the running rows from their (n, V) logits, in ``generate``'s
+    order (repetition penalty, no EOS before min_new_tokens, temperature, top-k, top-p);
+    ``pad_id`` for rows that have ended."""
+    if run.seen is not None:
+        logits = apply_repetition_penalty(logits, run.seen, choice.repetition_penalty)
+    if t < choice.min_new_tokens:
+        logits[:, choice.eos] = float("-inf")
+    if choice.greedy:
+        nxt = logits.argmax(-1)
+    else:
+        scores = logits / choice.temperature if choice.temperature != 1.0 else logits
+        scores = filter_top_k_top_p(scores, choice.top_k, choice.top_p)
+        nxt = draw(scores.softmax(-1), choice.generator)
+    return torch.where(run.done, torch.full_like(nxt, choice.pad_id), nxt)
+
+
+def _step(model, cache, fast, nxt: torch.Tensor, run: _Running, at: int) -> torch.Tensor:
+    """One decode step: feed ``nxt`` (n,) at cache position ``at``; the (n, V) next logits."""
+    if fast is not None:
+        keys, values = _cache_tensors(cache)
+        attend = run.mask[:, : at + 1].bool()
+        return fast.step(nxt, run.next_pos[:, 0], keys, values, at, attend)
+    out = model(
+        input_ids=nxt[:, None],
+        attention_mask=run.mask[:, : at + 1],
+        position_ids=run.next_pos,
+        past_key_values=cache,
+        cache_position=torch.tensor([at], device=nxt.device),
+        use_cache=True,
+    )
+    return out.logits[:, -1, :].float()

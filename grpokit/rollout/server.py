@@ -32,17 +32,7 @@ def serve(
     ready=None,
 ) -> None:
     """Load ``model`` into vLLM and answer requests until interrupted."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    import grpokit
-    from grpokit.rollout.vllm_engine import (
-        PROTOCOL,
-        load_weights_into,
-        make_llm,
-        model_signature,
-        run_vllm,
-        tensors_from_bytes,
-    )
+    from grpokit.rollout.vllm_engine import make_llm
 
     t0 = time.time()
     llm = make_llm(
@@ -53,10 +43,37 @@ def serve(
         enforce_eager=enforce_eager,
         seed=seed,
     )
+    info = _health_info(model, dtype)
+    # the names and shapes a weight update must have (checkpoint names of the HF model)
+    expected = _expected_shapes(model)
+    # one thread: every vLLM call runs on the thread that built the engine (a weight reload
+    # from a handler thread gave wrong outputs), and requests are served one at a time
+    httpd = HTTPServer((host, port), make_handler(llm, info, expected))
+    print(
+        f"[rollout-server] {model} ready on http://{host}:{port} "
+        f"(vllm {info['vllm_version']}, start-up {time.time() - t0:.1f} s)",
+        flush=True,
+    )
+    if ready is not None:
+        ready(httpd)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+
+
+def _health_info(model: str, dtype: str) -> dict:
+    """What GET /health answers: the trainer checks it fits before the first request."""
     import vllm
+    from transformers import AutoConfig, AutoTokenizer
+
+    import grpokit
+    from grpokit.rollout.vllm_engine import PROTOCOL, model_signature
 
     tok = AutoTokenizer.from_pretrained(model)
-    info = {
+    return {
         "status": "ok",
         "model": model,
         "grpokit_version": grpokit.__version__,
@@ -66,8 +83,11 @@ def serve(
         "tokenizer_size": len(tok),
         "dtype": dtype,
     }
-    # the names and shapes a weight update must have (checkpoint names of the HF model)
-    expected = _expected_shapes(model)
+
+
+def make_handler(llm, info: dict, expected: dict[str, tuple]) -> type[BaseHTTPRequestHandler]:
+    """The requests of a server for ``llm``: GET /health, POST /generate, /update_weights.
+    A bad request is a 400, any other failure a 500 (the server keeps going)."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -96,18 +116,9 @@ def serve(
         def do_POST(self):
             try:
                 if self.path == "/generate":
-                    req = json.loads(self._body())
-                    params = SamplingParams(**req["params"])
-                    prompts, seeds = req["prompts"], req["seeds"]
-                    if len(prompts) != len(seeds):
-                        raise ValueError("prompts and seeds differ in length")
-                    ids, lps = run_vllm(llm, prompts, params, req["eos_ids"], seeds)
-                    self._send(200, {"token_ids": ids, "logprobs": lps})
+                    self._send(200, _generate(llm, self._body()))
                 elif self.path == "/update_weights":
-                    weights = tensors_from_bytes(self._body())
-                    _check_weights(weights, expected)
-                    secs = load_weights_into(llm, weights)
-                    self._send(200, {"seconds": secs})
+                    self._send(200, _update_weights(llm, expected, self._body()))
                 else:
                     self._send(404, {"error": f"no such endpoint {self.path}"})
             except (ValueError, KeyError, TypeError) as e:
@@ -115,22 +126,29 @@ def serve(
             except Exception as e:  # noqa: BLE001 - reported to the trainer, server keeps going
                 self._send(500, {"error": f"{type(e).__name__}: {e}"})
 
-    # one thread: every vLLM call runs on the thread that built the engine (a weight reload
-    # from a handler thread gave wrong outputs), and requests are served one at a time
-    httpd = HTTPServer((host, port), Handler)
-    print(
-        f"[rollout-server] {model} ready on http://{host}:{port} "
-        f"(vllm {vllm.__version__}, start-up {time.time() - t0:.1f} s)",
-        flush=True,
-    )
-    if ready is not None:
-        ready(httpd)
-    try:
-        httpd.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        httpd.server_close()
+    return Handler
+
+
+def _generate(llm, body: bytes) -> dict:
+    """POST /generate: sample the prompts, one seed each."""
+    from grpokit.rollout.vllm_engine import run_vllm
+
+    req = json.loads(body)
+    params = SamplingParams(**req["params"])
+    prompts, seeds = req["prompts"], req["seeds"]
+    if len(prompts) != len(seeds):
+        raise ValueError("prompts and seeds differ in length")
+    ids, lps = run_vllm(llm, prompts, params, req["eos_ids"], seeds)
+    return {"token_ids": ids, "logprobs": lps}
+
+
+def _update_weights(llm, expected: dict[str, tuple], body: bytes) -> dict:
+    """POST /update_weights: load the policy's weights (a safetensors file) into ``llm``."""
+    from grpokit.rollout.vllm_engine import load_weights_into, tensors_from_bytes
+
+    weights = tensors_from_bytes(body)
+    _check_weights(weights, expected)
+    return {"seconds": load_weights_into(llm, weights)}
 
 
 def _expected_shapes(model: str) -> dict[str, tuple]:

@@ -12,7 +12,7 @@ Same mathematics, op for op: RMSNorm in float32 cast back to the weights' dtype 
 scale, rotary tables from the model's own ``rotary_emb`` (so every RoPE scaling variant is
 the model's), grouped-query attention with the model's scale, ``act(gate) * up``. The only
 differences from transformers are float rounding: a fused product sums in its own order.
-``tests/test_fastdecode.py`` checks the logits against transformers' forward and greedy
+``tests/rollout/test_fastdecode.py`` checks the logits against transformers' forward and greedy
 tokens against the plain loop.
 
 Anything else (other architectures, sliding windows shorter than the sequence, autocast,
@@ -28,7 +28,9 @@ _SUPPORTED = ("llama", "mistral", "qwen2")
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
 
 
-def _why_unsupported(model, total_len: int) -> str | None:
+def why_unsupported(model, total_len: int) -> str | None:
+    """Why ``FastDecoder`` cannot reproduce ``model`` over ``total_len`` positions (a short
+    reason such as "architecture" or "sliding window"), or None when it can."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in _SUPPORTED:
         return "architecture"
@@ -154,11 +156,11 @@ class FastDecoder:
     @classmethod
     def build(cls, model, total_len: int) -> FastDecoder | None:
         """A decoder for ``model``, or None when this module does not reproduce it (see
-        ``_why_unsupported``) or autocast is on (the caller then runs the model itself)."""
+        ``why_unsupported``) or autocast is on (the caller then runs the model itself)."""
         dev = next(model.parameters()).device
         if torch.is_autocast_enabled(dev.type):
             return None
-        if _why_unsupported(model, total_len) is not None:
+        if why_unsupported(model, total_len) is not None:
             return None
         return cls(model)
 

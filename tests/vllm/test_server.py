@@ -141,10 +141,11 @@ def test_hung_server_times_out(vllm_tiny_dir):
     t = threading.Thread(target=accept, daemon=True)
     t.start()
     try:
-        t0 = time.time()
-        with pytest.raises(VLLMError, match="no rollout server answered"):
+        # the client's own timeout ends the wait (a hang would never raise)
+        with pytest.raises(
+            VLLMError, match="no rollout server answered.*within vllm_server_timeout=3 s"
+        ):
             VLLMServerEngine(model, tok, "127.0.0.1", port, timeout=3)
-        assert time.time() - t0 < 20
     finally:
         stop.set()
         t.join()
@@ -173,11 +174,11 @@ def test_server_killed_mid_run_gives_a_clear_error_quickly(vllm_tiny_dir):
         th.start()
         time.sleep(1.0)  # the request is in flight
         os.killpg(proc.pid, signal.SIGKILL)
-        t0 = time.time()
-        th.join(timeout=60)
+        th.join(timeout=60)  # far below the client's 180 s timeout: a hang guard
         assert not th.is_alive(), "the client hung after the server died"
-        assert time.time() - t0 < 30
+        # the lost connection was noticed as such, not by waiting out the timeout
         assert errors and "rollout server" in str(errors[0]) and "Is it running" in str(errors[0])
+        assert "did not answer within" not in str(errors[0])
         with pytest.raises(VLLMError, match="Is it running"):  # and the next request too
             eng.generate(ids, mask, GREEDY)
     finally:

@@ -110,3 +110,66 @@ def test_parse_overrides_forms():
 def test_missing_recipe(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_config_accepts_exactly_the_variants_the_math_has():
+    from grpokit.algo import LOSS_TYPES, SAMPLING_IS_MODES
+
+    for loss_type in LOSS_TYPES:
+        assert build_config({"loss_type": loss_type}).loss_type == loss_type
+    for mode in SAMPLING_IS_MODES:
+        assert build_config({"vllm_importance_sampling_mode": mode})
+    with pytest.raises(ConfigError, match=r"loss_type='ppo': use one of \('grpo'"):
+        build_config({"loss_type": "ppo"})
+
+
+def test_importing_the_config_loads_neither_torch_nor_the_tasks():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import grpokit
+
+    root = str(Path(grpokit.__file__).resolve().parents[1])  # the checkout under test
+    code = (
+        "import sys, grpokit.config; print(sorted({'torch', 'grpokit.tasks'} & set(sys.modules)))"
+    )
+    env = {**os.environ, "PYTHONPATH": root}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_task_is_refused_with_the_known_names():
+    with pytest.raises(ConfigError, match=r"unknown task 'gsm8'; did you mean 'gsm8k'\? Known: "):
+        build_config({"task": "gsm8"})
+    with pytest.raises(
+        ConfigError, match=r"unknown task 'nothing_like_it'\. Known: .*register_task"
+    ):
+        build_config({"task": "nothing_like_it"})
+
+
+def test_a_registered_task_is_known_to_the_config():
+    from grpokit.tasks import register_task
+    from grpokit.tasks.custom import CustomTask
+
+    register_task("custom_for_config_test", CustomTask)
+    assert build_config({"task": "custom_for_config_test"}).task == "custom_for_config_test"
+
+
+def test_vllm_keys_are_real_and_validated():
+    c = build_config({"use_vllm": True, "vllm_mode": "server", "vllm_server_port": 8123})
+    assert c.use_vllm and c.vllm_mode == "server" and c.vllm_server_port == 8123
+    assert c.vllm_importance_sampling_correction and c.vllm_importance_sampling_cap == 2.0
+    for bad, match in [
+        ({"vllm_mode": "remote"}, "vllm_mode"),
+        ({"vllm_server_port": 0}, "vllm_server_port"),
+        ({"vllm_server_timeout": 0}, "vllm_server_timeout"),
+        ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization"),
+        ({"vllm_importance_sampling_mode": "tis"}, "token_truncate"),
+        ({"vllm_importance_sampling_cap": 0.5}, "vllm_importance_sampling_cap"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_config(bad)

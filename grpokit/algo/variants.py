@@ -1,0 +1,16 @@
+"""The names of the objective's variants, in one place and without torch.
+
+The math in this package owns its variants; the config validates recipes against these
+same tuples. This module imports nothing, so ``grpokit.config`` can read it without
+loading torch (``grpokit.algo`` loads its torch modules only when one of their functions
+is first used).
+"""
+
+# how the per-token terms are aggregated (losses.policy_loss)
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+# the ratio per token (GRPO) or one per sequence (GSPO) (losses.policy_loss)
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+# the weight correcting for another engine's sampling (losses.sampling_is_weights)
+SAMPLING_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# what the group-relative advantage is divided by (advantages.group_advantages)
+SCALE_REWARDS = ("group", "batch", "none")

