@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from grpokit.rewards.registry import register_reward, registered_rewards
-from grpokit.tasks.answers import completion_text, last_number, last_tag_content, parse_number
+from grpokit.rewards.text import completion_text, last_number, last_tag_content, parse_number
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (

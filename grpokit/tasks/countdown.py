@@ -35,7 +35,7 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 from grpokit.rewards.registry import register_reward, registered_rewards
-from grpokit.tasks.answers import completion_text
+from grpokit.rewards.text import completion_text
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (

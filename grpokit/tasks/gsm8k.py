@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from grpokit.tasks.answers import last_tag_content
+from grpokit.rewards.text import last_tag_content
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = """Respond in the following format:

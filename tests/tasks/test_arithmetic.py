@@ -99,7 +99,7 @@ TEXTS = [
     "<answer>19</answer> done",
     "3 + 16 = 19.",
     "<answer>-19</answer>",
-    "<answer>1,9</answer>",
+    "<answer>1,9</answer>",  # not a thousands group: not one number
     [{"role": "assistant", "content": "so 19"}],
 ]
 
@@ -109,8 +109,8 @@ def _r(fn, texts, gold="19"):
 
 
 def test_rewards_exact_values():
-    assert _r(arithmetic_correct, TEXTS) == [1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 1]
-    assert _r(arithmetic_format, TEXTS) == [1, 0, 1, 0, 0.5, 0, 0, 1, 0.5, 0, 1, 1, 0]
+    assert _r(arithmetic_correct, TEXTS) == [1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 1]
+    assert _r(arithmetic_format, TEXTS) == [1, 0, 1, 0, 0.5, 0, 0, 1, 0.5, 0, 1, 0, 0]
     close = _r(arithmetic_closeness, TEXTS)
     assert close[0] == 1.0 and close[3] == 0.0 and close[5] == 0.0
     assert close[2] == pytest.approx(1 / (1 + 10 / 19))
