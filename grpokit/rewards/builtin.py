@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
 from grpokit.rewards.registry import register_reward
-from grpokit.rewards.text import (
-    after_last_open_tag,
-    completion_text,
-    last_number,
-    last_tag_content,
-    parse_number,
-    single_number,
-)
+from grpokit.rewards.text import after_last_open_tag, completion_text, single_number
 
 
 @register_reward("correctness")
@@ -45,67 +36,6 @@ def xml_format(prompts, completions, **kwargs) -> list[float]:
     for c in completions:
         text = completion_text(c)
         out.append(_XML_SCORES[sum(tag in text for tag in _XML_TAGS)])
-    return out
-
-
-def final_answer(text: str) -> float | None:
-    """The last <answer> content as a number if there is an answer tag, else the last number."""
-    tagged = last_tag_content(text, "answer")
-    if tagged is not None:
-        return parse_number(tagged)
-    return last_number(text)
-
-
-def _gold_number(gold) -> float | None:
-    g = parse_number(None if gold is None else str(gold))
-    return g if g is not None and math.isfinite(g) else None
-
-
-@register_reward("arithmetic_correct")
-def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float | None]:
-    """1.0 when the final answer (last <answer>, else the last number) equals the gold;
-    None when the gold is not a finite number."""
-    out = []
-    for c, gold in zip(completions, answer):
-        got, g = final_answer(completion_text(c)), _gold_number(gold)
-        if g is None:
-            out.append(None)
-        else:
-            out.append(1.0 if got is not None and math.isclose(got, g) else 0.0)
-    return out
-
-
-@register_reward("arithmetic_closeness")
-def arithmetic_closeness(prompts, completions, answer, **kwargs) -> list[float | None]:
-    """Partial credit 1 / (1 + |pred - gold| / max(1, |gold|) * 10); 0 when there is no number;
-    None when the gold is not a finite number."""
-    out = []
-    for c, gold in zip(completions, answer):
-        got, g = final_answer(completion_text(c)), _gold_number(gold)
-        if g is None:
-            out.append(None)
-        elif got is None or not math.isfinite(got):
-            out.append(0.0)
-        else:
-            rel = min(abs(got - g) / max(1.0, abs(g)), 1e6)
-            out.append(1.0 / (1.0 + 10.0 * rel))
-    return out
-
-
-@register_reward("arithmetic_format")
-def arithmetic_format(prompts, completions, **kwargs) -> list[float]:
-    """1.0 for exactly one <answer>N</answer> holding only a number and nothing after it;
-    0.5 for an answer tag holding a number elsewhere; 0.0 otherwise."""
-    out = []
-    for c in completions:
-        t = completion_text(c)
-        got = last_tag_content(t, "answer")
-        if got is None or parse_number(got) is None:
-            out.append(0.0)
-        elif t.count("<answer>") == 1 and t.rstrip().endswith("</answer>"):
-            out.append(1.0)
-        else:
-            out.append(0.5)
     return out
 
 
