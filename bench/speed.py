@@ -285,7 +285,7 @@ def _model_gemm_gflops(cfg, tokens: int = 2048, reps: int = 3) -> float:
 def _arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
     """grpokit's arithmetic_correct; TRL's environment may not have grpokit."""
     try:
-        from grpokit.tasks.arithmetic import arithmetic_correct
+        from grpokit.rewards.arithmetic import arithmetic_correct
 
         return arithmetic_correct(prompts, completions, answer)
     except ImportError:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from grpokit.rewards import builtin as _builtin  # noqa: F401  (registers the built-ins)
+from grpokit.rewards import arithmetic as _arithmetic  # noqa: F401  (registers the built-ins)
+from grpokit.rewards import builtin as _builtin  # noqa: F401
 from grpokit.rewards import code as _code  # noqa: F401
 from grpokit.rewards import countdown as _countdown  # noqa: F401
 from grpokit.rewards import openr1 as _openr1  # noqa: F401

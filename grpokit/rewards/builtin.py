@@ -1,18 +1,31 @@
-"""Built-in rewards. Each returns one float (or None: does not apply) per completion."""
+"""Built-in rewards. Each returns one float (or None: does not apply) per completion.
+
+The per-completion scores below are also the graders of the tasks that use them:
+``correctness_score`` for gsm8k and custom (``is_correct``), ``xml_tag_count`` for their
+``is_formatted``, ``length_gap`` for tldr. Tasks import them; nothing here imports a task.
+"""
 
 from __future__ import annotations
 
-import math
-
 from grpokit.rewards.registry import register_reward
-from grpokit.rewards.text import (
-    after_last_open_tag,
-    completion_text,
-    last_number,
-    last_tag_content,
-    parse_number,
-    single_number,
-)
+from grpokit.rewards.text import after_last_open_tag, completion_text, single_number
+
+XML_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+_XML_SCORES = (0.0, 0.2, 0.4, 0.6, 0.8)  # exact decimals, not sums of 0.2
+
+
+def correctness_score(text: str, gold) -> float:
+    """2.0 when the answer (after the last ``<answer>``, up to its ``</answer>``, stripped)
+    equals ``gold`` exactly; 1.5 when each holds exactly one number and the two are equal;
+    else 0.0 (no answer tag, or never closed, is 0.0)."""
+    got = after_last_open_tag(text, "answer")
+    gold = "" if gold is None else str(gold).strip()
+    if got is None:
+        return 0.0
+    if got == gold:
+        return 2.0
+    a, b = single_number(got), single_number(gold)
+    return 1.5 if a is not None and a == b else 0.0
 
 
 @register_reward("correctness")
@@ -20,93 +33,23 @@ def correctness(prompts, completions, answer, **kwargs) -> list[float]:
     """GRPO-from-scratch tutorial: 2.0 when the answer (after the last ``<answer>``, up to its
     ``</answer>``, stripped) equals the gold ``answer`` exactly; 1.5 when each holds exactly one
     number and the two are equal (72.0 = 72, 1,000 = 1000); else 0.0."""
-    out = []
-    for c, gold in zip(completions, answer):
-        got = after_last_open_tag(completion_text(c), "answer")
-        gold = "" if gold is None else str(gold).strip()
-        if got is None:
-            out.append(0.0)
-        elif got == gold:
-            out.append(2.0)
-        else:
-            a, b = single_number(got), single_number(gold)
-            out.append(1.5 if a is not None and a == b else 0.0)
-    return out
+    return [correctness_score(completion_text(c), gold) for c, gold in zip(completions, answer)]
 
 
-_XML_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
-_XML_SCORES = (0.0, 0.2, 0.4, 0.6, 0.8)  # exact decimals, not sums of 0.2
+def xml_tag_count(text: str) -> int:
+    """How many of <reasoning>, </reasoning>, <answer>, </answer> occur in ``text`` (0-4)."""
+    return sum(tag in text for tag in XML_TAGS)
 
 
 @register_reward("xml_format")
 def xml_format(prompts, completions, **kwargs) -> list[float]:
     """0.2 for each of <reasoning>, </reasoning>, <answer>, </answer> present (any order)."""
-    out = []
-    for c in completions:
-        text = completion_text(c)
-        out.append(_XML_SCORES[sum(tag in text for tag in _XML_TAGS)])
-    return out
+    return [_XML_SCORES[xml_tag_count(completion_text(c))] for c in completions]
 
 
-def final_answer(text: str) -> float | None:
-    """The last <answer> content as a number if there is an answer tag, else the last number."""
-    tagged = last_tag_content(text, "answer")
-    if tagged is not None:
-        return parse_number(tagged)
-    return last_number(text)
-
-
-def _gold_number(gold) -> float | None:
-    g = parse_number(None if gold is None else str(gold))
-    return g if g is not None and math.isfinite(g) else None
-
-
-@register_reward("arithmetic_correct")
-def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float | None]:
-    """1.0 when the final answer (last <answer>, else the last number) equals the gold;
-    None when the gold is not a finite number."""
-    out = []
-    for c, gold in zip(completions, answer):
-        got, g = final_answer(completion_text(c)), _gold_number(gold)
-        if g is None:
-            out.append(None)
-        else:
-            out.append(1.0 if got is not None and math.isclose(got, g) else 0.0)
-    return out
-
-
-@register_reward("arithmetic_closeness")
-def arithmetic_closeness(prompts, completions, answer, **kwargs) -> list[float | None]:
-    """Partial credit 1 / (1 + |pred - gold| / max(1, |gold|) * 10); 0 when there is no number;
-    None when the gold is not a finite number."""
-    out = []
-    for c, gold in zip(completions, answer):
-        got, g = final_answer(completion_text(c)), _gold_number(gold)
-        if g is None:
-            out.append(None)
-        elif got is None or not math.isfinite(got):
-            out.append(0.0)
-        else:
-            rel = min(abs(got - g) / max(1.0, abs(g)), 1e6)
-            out.append(1.0 / (1.0 + 10.0 * rel))
-    return out
-
-
-@register_reward("arithmetic_format")
-def arithmetic_format(prompts, completions, **kwargs) -> list[float]:
-    """1.0 for exactly one <answer>N</answer> holding only a number and nothing after it;
-    0.5 for an answer tag holding a number elsewhere; 0.0 otherwise."""
-    out = []
-    for c in completions:
-        t = completion_text(c)
-        got = last_tag_content(t, "answer")
-        if got is None or parse_number(got) is None:
-            out.append(0.0)
-        elif t.count("<answer>") == 1 and t.rstrip().endswith("</answer>"):
-            out.append(1.0)
-        else:
-            out.append(0.5)
-    return out
+def length_gap(text: str, target_length: int) -> int:
+    """|target_length - len(text)|, in characters (nothing stripped)."""
+    return abs(target_length - len(text))
 
 
 @register_reward("length_target", factory=True)
@@ -122,7 +65,7 @@ def length_target(target_length: int = 50):
         out = []
         for c, t in zip(completions, rows):
             goal = default if t is None else int(t)
-            out.append(-float(abs(goal - len(completion_text(c)))))
+            out.append(-float(length_gap(completion_text(c), goal)))
         return out
 
     return length_target

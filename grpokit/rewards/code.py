@@ -20,7 +20,16 @@ def extract_code(completion) -> str | None:
     return found[-1] if found else None
 
 
-def _scores(completions, verification_info, limits: dict) -> list[float]:
+def code_scores(
+    completions,
+    verification_info,
+    timeout: float = 5.0,
+    memory_mb: int = 512,
+    workers: int | None = None,
+    isolation: str | None = None,
+) -> list[float]:
+    """Fraction of its row's test cases each completion's last ```python block passes (0.0
+    without a block); the ``code`` reward, and the ``code`` task's grader (== 1.0)."""
     jobs, idx = [], []
     out = [0.0] * len(completions)
     for i, (c, info) in enumerate(zip(completions, verification_info)):
@@ -33,18 +42,10 @@ def _scores(completions, verification_info, limits: dict) -> list[float]:
         if code is not None:
             jobs.append((code, info.get("test_cases", [])))
             idx.append(i)
-    for i, s in zip(idx, score_many(jobs, **limits)):
+    limits = {"timeout": timeout, "memory_mb": memory_mb, "isolation": isolation}
+    for i, s in zip(idx, score_many(jobs, max_workers=workers, **limits)):
         out[i] = s
     return out
-
-
-def _limits(timeout, memory_mb, workers, isolation) -> dict:
-    return {
-        "timeout": timeout,
-        "memory_mb": memory_mb,
-        "max_workers": workers,
-        "isolation": isolation,
-    }
 
 
 @register_reward("code", factory=True)
@@ -57,10 +58,15 @@ def code(
     """Fraction of test cases passed. ``timeout``: wall-clock seconds per case (also the CPU
     limit); ``memory_mb``: address space; ``workers``: parallel sandboxes (default: CPUs, at
     most 8); ``isolation``: auto / namespaces / uid / none (docs/sandbox.md)."""
-    limits = _limits(timeout, memory_mb, workers, isolation)
+    limits = {
+        "timeout": timeout,
+        "memory_mb": memory_mb,
+        "workers": workers,
+        "isolation": isolation,
+    }
 
     def code(prompts, completions, verification_info, **kwargs) -> list[float]:
-        return _scores(completions, verification_info, limits)
+        return code_scores(completions, verification_info, **limits)
 
     return code
 
@@ -73,9 +79,15 @@ def binary_code(
     isolation: str | None = None,
 ):
     """1.0 when every test case passes, else 0.0; parameters as ``code``."""
-    limits = _limits(timeout, memory_mb, workers, isolation)
+    limits = {
+        "timeout": timeout,
+        "memory_mb": memory_mb,
+        "workers": workers,
+        "isolation": isolation,
+    }
 
     def binary_code(prompts, completions, verification_info, **kwargs) -> list[float]:
-        return [1.0 if s == 1.0 else 0.0 for s in _scores(completions, verification_info, limits)]
+        scores = code_scores(completions, verification_info, **limits)
+        return [1.0 if s == 1.0 else 0.0 for s in scores]
 
     return binary_code

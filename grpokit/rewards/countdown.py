@@ -1,16 +1,20 @@
-"""The Countdown reward (ms-swift's ``CountdownORM`` rule) with a bounded arithmetic evaluator.
+"""The Countdown grader (ms-swift's ``CountdownORM`` rule, bounded), written once.
+
+``CountdownTask.is_correct`` is ``countdown_score(...) == 1.0`` and its ``is_formatted`` is
+``is_think_answer_format``; the rewards ``countdown`` (and its alias ``countdown_correct``)
+and ``countdown_format`` call the same functions.
 
 Rule: take the FIRST ``<answer>...</answer>`` on one line; drop everything from the first
 ``=``; the integers written (``\\d+`` runs) must equal the ``nums`` column as a multiset; only
 digits, ``+ - * / ( ) .`` and whitespace may appear; 1.0 when the value is within 1e-5 of the
 ``target`` column, else 0.0.
 
-The expression is evaluated by walking its ``ast`` -- never ``eval`` -- allowing only numeric
-constants, binary ``+ - * /`` and unary ``-`` / ``+`` (as Python's ``eval``
-does). ``**`` and ``//`` are rejected outright (ms-swift's
-``eval`` accepts them; ``9**9**9`` would hang it). Equations longer than ``MAX_EQUATION_CHARS``
-score 0.0, which bounds the work: with only + - * /, the size of every intermediate integer
-grows at most with the length of the text.
+The game allows + - * / only, so the expression is evaluated by walking its ``ast`` -- never
+``eval`` -- allowing only numeric constants, binary ``+ - * /`` and unary ``-`` / ``+`` (as
+Python's ``eval`` does). ``**`` and ``//`` are refused before anything is computed
+(ms-swift's ``eval`` accepts them, and ``9**9**9`` would hang it). Equations longer than
+``MAX_EQUATION_CHARS`` score 0.0, which bounds the work: with only + - * /, the size of
+every intermediate integer grows at most with the length of the text.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ MAX_EQUATION_CHARS = 512
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>")  # no DOTALL, as in ms-swift
 _ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
+# ms-swift's Format reward: <think>...</think> then <answer>...</answer> and nothing after
+_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>(?![\s\S])", re.DOTALL)
 _BINOPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -38,7 +44,7 @@ _BINOPS = {
 def arith_eval(expr: str) -> float | int:
     """Value of ``expr`` built from numbers, ``+ - * /``, unary ``- +`` and parentheses.
 
-    Raises ValueError for anything else (names, calls, ``**``, ``//``, too long),
+    Raises ValueError for anything else (names, calls, ``**``, ``//``, ``%``, too long),
     ZeroDivisionError, OverflowError or SyntaxError as the arithmetic or the text demands.
     """
     if len(expr) > MAX_EQUATION_CHARS:
@@ -47,6 +53,8 @@ def arith_eval(expr: str) -> float | int:
 
 
 def _walk(node: ast.AST) -> float | int:
+    # Each node's kind is checked before its children are computed, so "9**9**9" is
+    # refused at the top without evaluating anything.
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
@@ -55,6 +63,12 @@ def _walk(node: ast.AST) -> float | int:
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         return _BINOPS[type(node.op)](_walk(node.left), _walk(node.right))
     raise ValueError(f"not allowed in an equation: {type(node).__name__}")
+
+
+def first_answer(text: str) -> str | None:
+    """Content of the first one-line ``<answer>...</answer>``, stripped, else None."""
+    m = _ANSWER.search(text)
+    return m.group(1).strip() if m else None
 
 
 def equation_score(equation: str, nums, target) -> float:
@@ -76,11 +90,34 @@ def equation_score(equation: str, nums, target) -> float:
 
 
 def countdown_score(text: str, nums, target) -> float:
-    m = _ANSWER.search(text)
-    return 0.0 if m is None else equation_score(m.group(1).strip(), nums, target)
+    """The grader for one completion's text: 1.0 or 0.0 (module rule)."""
+    equation = first_answer(text)
+    return 0.0 if equation is None else equation_score(equation, nums, target)
+
+
+def is_think_answer_format(text: str) -> bool:
+    """``<think>...</think>`` then ``<answer>...</answer>`` and nothing after (ms-swift's
+    format reward; the countdown task's ``is_formatted``)."""
+    return _FORMAT.match(text) is not None
+
+
+def _scores(completions, nums, target) -> list[float]:
+    return [countdown_score(completion_text(c), n, t) for c, n, t in zip(completions, nums, target)]
 
 
 @register_reward("countdown")
 def countdown(prompts, completions, nums, target, **kwargs) -> list[float]:
     """1.0 for a correct Countdown equation in the first ``<answer>`` (see module doc)."""
-    return [countdown_score(completion_text(c), n, t) for c, n, t in zip(completions, nums, target)]
+    return _scores(completions, nums, target)
+
+
+@register_reward("countdown_correct")
+def countdown_correct(prompts, completions, nums, target, **kwargs) -> list[float]:
+    """The same reward as ``countdown``, under the name the countdown task gave it."""
+    return _scores(completions, nums, target)
+
+
+@register_reward("countdown_format")
+def countdown_format(prompts, completions, **kwargs) -> list[float]:
+    """1.0 for ``<think>...</think>`` then ``<answer>...</answer>`` and nothing after."""
+    return [float(is_think_answer_format(completion_text(c))) for c in completions]

@@ -11,32 +11,21 @@ Parameters (``task_params``):
 
 Rows: ``question`` ("What is 23 + 45?"), ``expression`` ("23 + 45"), ``answer`` ("68").
 
-Rewards registered here (partial credit, because a 135M model on CPU starts at ~54%
-(1-digit) / ~18% (2-digit) by its last number and never writes strict tag formats):
-
-- ``arithmetic_correct``: 1.0 when the final answer equals the gold, else 0.0. The final
-  answer is the content of the last ``<answer>...</answer>`` read as one number ("1,234",
-  "$5" and "7." are numbers; "x = 5" is not) if the text has an answer tag, else the last
-  number anywhere in the text.
-- ``arithmetic_closeness``: ``1 / (1 + 10 * |pred - gold| / max(1, |gold|))``; 0.0 with no
-  final answer. 1.0 when exact, 0.5 when off by a tenth of the gold.
-- ``arithmetic_format``: 1.0 for exactly one ``<answer>N</answer>`` holding only a number
-  and ending the completion (trailing whitespace allowed); 0.5 for an answer tag holding a
-  number otherwise (text after it, several tags); 0.0 otherwise.
-
-The same functions were first written in ``grpokit/rewards/builtin.py``; whichever module
-registers a name first keeps it, and ``tests/tasks`` checks both give the same numbers.
+Grader: ``grpokit.rewards.arithmetic``, which also holds the task's rewards
+``arithmetic_correct``, ``arithmetic_closeness`` and ``arithmetic_format`` (partial credit,
+because a 135M model on CPU starts at ~54% (1-digit) / ~18% (2-digit) by its last number
+and never writes strict tag formats). ``is_correct`` is ``arithmetic_correct == 1`` and
+``is_formatted`` is ``arithmetic_format > 0``, by calling the same functions; the rule for
+reading numbers is in docs/rewards.md ("Reading numbers").
 """
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from grpokit.rewards.registry import register_reward, registered_rewards
-from grpokit.tasks.answers import completion_text, last_number, last_tag_content, parse_number
+from grpokit.rewards.arithmetic import correct_score, format_score
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (
@@ -46,62 +35,6 @@ SYSTEM_PROMPT = (
 OPS = ("+", "-", "*")
 
 
-# ---------------------------------------------------------------------- grading
-def final_answer(text: str) -> float | None:
-    """The last ``<answer>`` content as one number if there is an answer tag, else the last
-    number in the text."""
-    tagged = last_tag_content(text, "answer")
-    return parse_number(tagged) if tagged is not None else last_number(text)
-
-
-def correct_score(text: str, gold: Any) -> float:
-    got = final_answer(text)
-    return 1.0 if got is not None and math.isclose(got, float(gold), abs_tol=1e-9) else 0.0
-
-
-def closeness_score(text: str, gold: Any) -> float:
-    got, g = final_answer(text), float(gold)
-    if got is None or not math.isfinite(got):
-        return 0.0
-    return 1.0 / (1.0 + 10.0 * min(abs(got - g) / max(1.0, abs(g)), 1e9))
-
-
-def format_score(text: str) -> float:
-    if parse_number(last_tag_content(text, "answer")) is None:
-        return 0.0
-    if text.count("<answer>") == 1 and text.rstrip().endswith("</answer>"):
-        return 1.0
-    return 0.5
-
-
-def arithmetic_correct(prompts, completions, answer, **kwargs) -> list[float]:
-    return [correct_score(completion_text(c), g) for c, g in zip(completions, answer)]
-
-
-def arithmetic_closeness(prompts, completions, answer, **kwargs) -> list[float]:
-    return [closeness_score(completion_text(c), g) for c, g in zip(completions, answer)]
-
-
-def arithmetic_format(prompts, completions, **kwargs) -> list[float]:
-    return [format_score(completion_text(c)) for c in completions]
-
-
-arithmetic_correct.__doc__ = (
-    "1.0 when the final answer equals the gold (see grpokit.tasks.arithmetic)."
-)
-arithmetic_closeness.__doc__ = "1 / (1 + 10 |pred - gold| / max(1, |gold|)); 0 with no number."
-arithmetic_format.__doc__ = (
-    "1.0 one final <answer>N</answer>; 0.5 other numeric answer tag; else 0."
-)
-
-for _fn in (arithmetic_correct, arithmetic_closeness, arithmetic_format):
-    # The reward library may already define these names (an earlier copy lived there);
-    # registering twice is an error, so keep whichever came first.
-    if _fn.__name__ not in registered_rewards():
-        register_reward(_fn.__name__)(_fn)
-
-
-# ---------------------------------------------------------------------- task
 def evaluate_expression(nums: list[int], ops: list[str]) -> int:
     """Value of ``nums[0] ops[0] nums[1] ...`` with ``*`` before ``+``/``-``."""
     terms, signs, cur = [], [], nums[0]
@@ -206,4 +139,4 @@ class ArithmeticTask(Task):
         return correct_score(completion, row["answer"]) == 1.0
 
     def is_formatted(self, completion: str) -> bool:
-        return parse_number(last_tag_content(completion, "answer")) is not None
+        return format_score(completion) > 0

@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from grpokit.tasks.sources import SplitNotFound, TaskDataError, load_table
+
 SPLITS = ("train", "test")
-
-
-class TaskDataError(ValueError):
-    """A dataset does not have what the task needs (columns, rows, files, parameters)."""
 
 
 @dataclass
@@ -123,8 +121,6 @@ class Task:
 
     def source_rows(self, split: str) -> list[dict[str, Any]]:
         """Raw rows of ``split`` from ``self.source``, with the ``test_size`` hold-out applied."""
-        from grpokit.tasks.data import SplitNotFound
-
         source = self.source
         if source is None:
             raise TaskDataError(f"task {self.name!r} needs dataset_name (a path or hub id)")
@@ -152,8 +148,6 @@ class Task:
             ) from e
 
     def _read(self, source: str, split: str, config: str | None) -> list[dict[str, Any]]:
-        from grpokit.tasks.data import load_table
-
         key = f"{source}|{config}|{split}"
         if key not in self._cache:
             self._cache[key] = load_table(source, split, config)

@@ -6,36 +6,26 @@ Sources (``dataset_name``):
   likely), each 1-99 (repeats allowed), and a target 10-100 that is reachable using every
   number exactly once with +, -, *, exact / and every intermediate value a non-negative
   integer (checked by exhaustive search; the ``solution`` column holds one such equation).
-  Parameters: ``train_size`` (default 10000), ``test_size`` (default 500).
+  Parameters: ``train_size`` (default 5000), ``test_size`` (default 500).
 - rows with ``nums`` and ``target`` (the Countdown-Tasks-3to4 layout): a local
   json/jsonl/parquet/csv file or directory, or the hub id ``Jiayi-Pan/Countdown-Tasks-3to4``
   (train split only, so set ``test_size`` for a seeded held-out slice).
 
-Grader (``is_correct``), the ms-swift / TinyZero countdown reward's rule: take the FIRST
-``<answer>...</answer>`` on one line; drop everything from the first ``=``; the integers
-written must be the given numbers as a multiset; only digits, ``+-*/().`` and spaces are
-allowed; the value must be within 1e-5 of the target. The expression is evaluated by a
-small AST walker, not ``eval``; powers (``**``) whose result would exceed 2**4096 (which
-``eval`` could hang on) count as wrong.
-
-The task also registers its grader as the reward ``countdown_correct`` and the format
-check as ``countdown_format``; its defaults are the reward library's ``countdown`` and
-``format``, which follow the same rules.
+Grader: ``grpokit.rewards.countdown`` (ms-swift's countdown rule with + - * / only and
+a 512-character bound; the rule is stated in docs/rewards.md). ``is_correct`` is its
+``countdown_score == 1`` and ``is_formatted`` its ``is_think_answer_format``; the rewards
+``countdown`` (alias ``countdown_correct``) and ``countdown_format`` call the same functions.
 """
 
 from __future__ import annotations
 
-import ast
-import math
-import operator
 import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
-from grpokit.rewards.registry import register_reward, registered_rewards
-from grpokit.tasks.answers import completion_text
+from grpokit.rewards.countdown import countdown_score, is_think_answer_format
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (
@@ -49,97 +39,6 @@ USER_TEMPLATE = (
     "for example <answer> (1 + 2) / 3 </answer>."
 )
 HUB_ID = "Jiayi-Pan/Countdown-Tasks-3to4"
-
-_ANSWER = re.compile(r"<answer>(.*?)</answer>")  # no DOTALL: as in ms-swift / TinyZero
-_ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
-_FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>(?![\s\S])", re.DOTALL)
-
-
-# ---------------------------------------------------------------------- safe evaluation
-_BINOPS = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
-def safe_eval(expr: str) -> float | int:
-    """Value of an arithmetic expression of numbers, + - * / // % ** and parentheses.
-
-    Raises ValueError (or ZeroDivisionError, OverflowError) on anything else: names,
-    calls, attributes, and powers too big to compute.
-    """
-    return _eval(ast.parse(expr.strip(), mode="eval").body)
-
-
-def _eval(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval(node.operand))
-    if isinstance(node, ast.BinOp):
-        a, b = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow):
-            if abs(a) > 1 and abs(b) * math.log2(abs(a)) > 4096:
-                raise OverflowError("power too large")
-            out = a**b
-            if isinstance(out, complex):
-                raise ValueError("complex result")
-            return out
-        if type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](a, b)
-    raise ValueError(f"not allowed in an equation: {ast.dump(node)[:60]}")
-
-
-def first_answer(text: str) -> str | None:
-    """Content of the first one-line ``<answer>...</answer>``, stripped, else None."""
-    m = _ANSWER.search(text)
-    return m.group(1).strip() if m else None
-
-
-def equation_score(equation: str, nums: list[int], target: float) -> float:
-    """1.0 if ``equation`` (text after '=' ignored) uses exactly ``nums`` and makes ``target``."""
-    equation = equation.split("=")[0]
-    try:
-        used = [int(n) for n in re.findall(r"\d+", equation)]
-        if sorted(used) != sorted(int(n) for n in nums):
-            return 0.0
-        if not _ALLOWED.match(equation):
-            return 0.0
-        value = safe_eval(equation)
-        return 1.0 if abs(float(value) - float(target)) < 1e-5 else 0.0
-    except Exception:  # syntax errors, division by zero, overflow: wrong, like the reward
-        return 0.0
-
-
-def countdown_score(completion: str, nums: list[int], target: float) -> float:
-    """The ms-swift countdown reward for one completion: 1.0 or 0.0."""
-    eq = first_answer(completion)
-    return 0.0 if eq is None else equation_score(eq, nums, target)
-
-
-def is_think_answer_format(completion: str) -> bool:
-    """``<think>...</think>`` then ``<answer>...</answer>`` and nothing after (ms-swift format)."""
-    return _FORMAT.match(completion) is not None
-
-
-def countdown_correct(prompts, completions, nums, target, **kwargs) -> list[float]:
-    """The task's grader as a reward: 1.0 when the equation is right (see module doc)."""
-    return [countdown_score(completion_text(c), n, t) for c, n, t in zip(completions, nums, target)]
-
-
-def countdown_format(prompts, completions, **kwargs) -> list[float]:
-    """1.0 for ``<think>...</think>`` then ``<answer>...</answer>`` and nothing after."""
-    return [float(is_think_answer_format(completion_text(c))) for c in completions]
-
-
-for _fn in (countdown_correct, countdown_format):
-    if _fn.__name__ not in registered_rewards():
-        register_reward(_fn.__name__)(_fn)
 
 
 # ---------------------------------------------------------------------- generator

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from grpokit.tasks.base import Task, TaskDataError
-from grpokit.tasks.gsm8k import FORMAT_TAGS, SYSTEM_PROMPT, lenient_correct
+from grpokit.tasks.gsm8k import SYSTEM_PROMPT, is_xml_formatted, lenient_correct
 
 
 @dataclass
@@ -88,4 +88,4 @@ class CustomTask(Task):
     def is_formatted(self, completion: str) -> bool:
         if not self.answer_column:
             return True
-        return all(t in completion for t in FORMAT_TAGS)
+        return is_xml_formatted(completion)

@@ -10,11 +10,13 @@ Sources (``dataset_name``):
 Rows: ``question``, ``answer`` (the gold number as a string, commas removed: "1,000" ->
 "1000"). Rewards: ``correctness`` (2.0 exact / 1.5 same number) and ``xml_format``.
 
-Graders: ``is_correct`` follows the ``correctness`` reward (the last ``<answer>`` content
-equals the gold, or both are the same single number, so "$1,000" matches 1000); with
-task_params ``strict: true`` it uses ``is_correct_strict`` instead: the reasoning/answer
-format is present and the last ``<answer>`` content is exactly the gold string, no
-number parsing and no fallback.
+Graders: ``is_correct`` is the ``correctness`` reward's own score > 0 (the last ``<answer>``
+content equals the gold, or both are the same single number, so "$1,000" matches 1000;
+``grpokit.rewards.builtin.correctness_score``); with task_params ``strict: true`` it uses
+``is_correct_strict`` instead: the reasoning/answer format is present and the last
+``<answer>`` content is exactly the gold string, no number parsing and no fallback (a
+stricter evaluation than any reward; no reward copies it). ``is_formatted`` is the
+``xml_format`` reward at its maximum (all four tags present).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from grpokit.tasks.answers import last_tag_content
+from grpokit.rewards.builtin import XML_TAGS, correctness_score, xml_tag_count
+from grpokit.rewards.text import last_tag_content
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = """Respond in the following format:
@@ -34,8 +37,6 @@ SYSTEM_PROMPT = """Respond in the following format:
 <answer>
 ...
 </answer>"""
-
-FORMAT_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 
 
 def repo_root() -> Path:
@@ -60,18 +61,20 @@ def extract_gold(answer: str) -> str:
 
 
 def lenient_correct(completion: str, gold: str) -> bool:
-    """Exactly the ``correctness`` reward's rule (it is called), so evaluation accuracy and
-    the training reward can never disagree."""
-    from grpokit.rewards.builtin import correctness
+    """The ``correctness`` reward's own score > 0, so evaluation accuracy and the training
+    reward can never disagree."""
+    return correctness_score(completion, gold) > 0
 
-    return correctness(None, [completion], [gold])[0] > 0
+
+def is_xml_formatted(completion: str) -> bool:
+    """All four reasoning/answer tags present: the ``xml_format`` reward at its maximum."""
+    return xml_tag_count(completion) == len(XML_TAGS)
 
 
 def strict_correct(completion: str, gold: str) -> bool:
     """No fallbacks: all four format tags present and the last <answer> is exactly ``gold``."""
     return (
-        all(t in completion for t in FORMAT_TAGS)
-        and last_tag_content(completion, "answer") == str(gold).strip()
+        is_xml_formatted(completion) and last_tag_content(completion, "answer") == str(gold).strip()
     )
 
 
@@ -118,4 +121,4 @@ class GSM8KTask(Task):
         return strict_correct(completion, row["answer"])
 
     def is_formatted(self, completion: str) -> bool:
-        return all(t in completion for t in FORMAT_TAGS)
+        return is_xml_formatted(completion)

@@ -9,18 +9,20 @@ open-r1-style ``accuracy`` rewards parse for the gold, is ``$<answer>$`` when th
 an answer (so the gold is exactly the final answer), else the worked solution (its
 ``\\boxed{}`` is found first).
 
-Grader: math-verify (imported lazily), as open-r1's accuracy reward uses it: the gold is
-parsed from ``solution``; the completion's answer is the first LaTeX answer found,
-``\\boxed{}`` first, with no anchor-less fallback; rows whose gold cannot be parsed are
-never counted correct.
+Grader: the ``accuracy`` reward's own rule (``grpokit.rewards.mathgrade``, math-verify in a
+time-bounded worker process, as open-r1's accuracy reward uses it): the gold is parsed from
+``solution``; the completion's answer is the first LaTeX answer found, ``\\boxed{}`` first,
+with no anchor-less fallback; rows whose gold cannot be parsed are never counted correct.
+``is_formatted``: ``<think>...</think>`` then ``<answer>...</answer>`` and nothing after.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from grpokit.rewards.countdown import is_think_answer_format
+from grpokit.rewards.mathgrade import GRADER
 from grpokit.tasks.base import Task, TaskDataError
 
 SYSTEM_PROMPT = (
@@ -32,56 +34,9 @@ SYSTEM_PROMPT = (
 HUB_ID = "open-r1/OpenR1-Math-220k"
 
 
-def _math_verify():
-    try:
-        import math_verify
-    except ImportError as e:
-        raise ImportError(
-            "the math task's grader needs math-verify: pip install math-verify"
-        ) from e
-    return math_verify
-
-
-def _timeouts() -> tuple[dict, dict]:
-    """math-verify's timeouts use signal.alarm, which only works in the main thread."""
-    if threading.current_thread() is threading.main_thread():
-        return {}, {}
-    return {"parsing_timeout": None}, {"timeout_seconds": None}
-
-
-def parse_gold(solution: str) -> list:
-    mv = _math_verify()
-    return mv.parse(solution, extraction_mode="first_match", **_timeouts()[0])
-
-
 def verify_answer(completion: str, solution: str) -> bool:
-    """True when the completion's answer equals the gold in ``solution`` (math-verify)."""
-    mv = _math_verify()
-    from math_verify import LatexExtractionConfig
-    from math_verify.parser import NormalizationConfig
-
-    gold = parse_gold(solution)
-    if not gold:
-        return False
-    config = LatexExtractionConfig(
-        normalization_config=NormalizationConfig(
-            nits=False,
-            malformed_operators=False,
-            basic_latex=True,
-            boxed="all",
-            units=True,
-        ),
-        boxed_match_priority=0,
-        try_extract_without_anchor=False,
-    )
-    parse_kw, verify_kw = _timeouts()
-    pred = mv.parse(
-        completion, extraction_config=[config], extraction_mode="first_match", **parse_kw
-    )
-    try:
-        return bool(mv.verify(gold, pred, **verify_kw))
-    except Exception:
-        return False
+    """True when the ``accuracy`` reward scores ``completion`` 1.0 against ``solution``."""
+    return GRADER.grade([("accuracy", completion, solution)])[0] == 1.0
 
 
 @dataclass
@@ -112,6 +67,4 @@ class MathTask(Task):
         return verify_answer(completion, row["solution"])
 
     def is_formatted(self, completion: str) -> bool:
-        from grpokit.tasks.countdown import is_think_answer_format
-
         return is_think_answer_format(completion)

@@ -5,9 +5,10 @@ Sources: rows with a ``prompt`` column (the text to summarise, e.g. "SUBREDDIT: 
 default; train/validation/test) or ``trl-lib/tldr``.
 
 There is no gold answer: the reward is ``length_target`` (shorter distance to the target
-length scores higher; set its target in ``reward_funcs`` to match ``target_length`` when
-you change it). The grader counts a completion correct when its length in characters
-(stripped) is within ``tolerance`` of ``target_length``.
+length scores higher; each row carries a ``target_length`` column, which the reward reads
+in place of its own parameter). The grader counts a completion correct when the reward's
+own distance, ``|target_length - len(completion)|`` in characters with nothing stripped
+(``grpokit.rewards.builtin.length_gap``), is at most ``tolerance``.
 
 Parameters: ``target_length`` (default 50 characters, as in the smoltldr GRPO
 tutorial), ``tolerance`` (default 10), ``test_size``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from grpokit.rewards.builtin import length_gap
 from grpokit.tasks.base import Task, TaskDataError
 
 HUB_ID = "mlabonne/smoltldr"
@@ -55,4 +57,6 @@ class TLDRTask(Task):
         return row["text"]
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
-        return abs(len(completion.strip()) - self.target_length) <= self.tolerance
+        target = row.get("target_length")
+        target = self.target_length if target is None else int(target)
+        return length_gap(completion, target) <= self.tolerance

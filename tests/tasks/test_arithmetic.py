@@ -2,13 +2,14 @@
 
 import pytest
 
-from grpokit.tasks import TaskDataError, get_task
-from grpokit.tasks.arithmetic import (
+from grpokit.rewards import get_reward_funcs
+from grpokit.rewards.arithmetic import (
     arithmetic_closeness,
     arithmetic_correct,
     arithmetic_format,
     final_answer,
 )
+from grpokit.tasks import TaskDataError, get_task
 
 
 def test_deterministic_under_a_seed():
@@ -99,7 +100,7 @@ TEXTS = [
     "<answer>19</answer> done",
     "3 + 16 = 19.",
     "<answer>-19</answer>",
-    "<answer>1,9</answer>",
+    "<answer>1,9</answer>",  # not a thousands group: not one number
     [{"role": "assistant", "content": "so 19"}],
 ]
 
@@ -109,8 +110,8 @@ def _r(fn, texts, gold="19"):
 
 
 def test_rewards_exact_values():
-    assert _r(arithmetic_correct, TEXTS) == [1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 1, 1]
-    assert _r(arithmetic_format, TEXTS) == [1, 0, 1, 0, 0.5, 0, 0, 1, 0.5, 0, 1, 1, 0]
+    assert _r(arithmetic_correct, TEXTS) == [1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 1]
+    assert _r(arithmetic_format, TEXTS) == [1, 0, 1, 0, 0.5, 0, 0, 1, 0.5, 0, 1, 0, 0]
     close = _r(arithmetic_closeness, TEXTS)
     assert close[0] == 1.0 and close[3] == 0.0 and close[5] == 0.0
     assert close[2] == pytest.approx(1 / (1 + 10 / 19))
@@ -119,17 +120,50 @@ def test_rewards_exact_values():
     assert _r(arithmetic_closeness, ["-1"], gold="1") == [pytest.approx(1 / 21)]
 
 
-def test_registered_rewards_give_the_same_numbers():
-    """Whichever module registered the names, the recipe gets these exact rewards."""
-    from grpokit.rewards import get_reward_funcs
-
+def test_the_recipe_gets_the_graders_own_functions():
+    """One copy: the names a recipe lists resolve to the functions the task grades with."""
     t = get_task("arithmetic")
     funcs = get_reward_funcs(list(t.default_reward_funcs))
     assert len(funcs) == len(t.default_reward_weights) == 3
-    mine = (arithmetic_correct, arithmetic_closeness, arithmetic_format)
-    for gold in ("19", "0", "-19", "1000"):
-        for f, m in zip(funcs, mine):
-            assert _r(f, TEXTS, gold) == pytest.approx(_r(m, TEXTS, gold)), (m.__name__, gold)
+    assert funcs == [arithmetic_correct, arithmetic_closeness, arithmetic_format]
+
+
+def test_a_gold_that_is_not_a_number_does_not_apply():
+    assert _r(arithmetic_correct, ["19"], gold="nineteen") == [None]
+    assert _r(arithmetic_closeness, ["19"], gold="inf") == [None]
+    assert not get_task("arithmetic").is_correct("19", {"answer": "nan"})
+
+
+# (text, gold, correct, formatted): the awkward inputs, read by the one number reader
+AWKWARD = [
+    ("so the result is .5", "0.5", True, False),
+    ("<answer>.5</answer>", "0.5", True, True),
+    ("it is -.25", "-0.25", True, False),
+    ("<answer>-.25</answer>", "-0.25", True, True),
+    ("<answer>inf</answer>", "1", False, False),  # a word is not a number
+    ("the answer is inf", "1", False, False),
+    ("<answer>nan</answer>", "0", False, False),
+    ("<answer>1_000</answer>", "1000", False, False),  # not how numbers are written
+    ("the answer is 1_000", "1000", False, False),
+    ("the answer is 1_000", "0", False, False),  # ... and not the number 000 either
+    ("<answer>1,234</answer>", "1234", True, True),
+    ("the answer is 1,234", "1234", True, False),
+    ("<answer>1,9</answer>", "19", False, False),  # not a thousands group
+    ("<answer>$5</answer>", "5", True, True),
+    ("that costs $5", "5", True, False),
+]
+
+
+@pytest.mark.parametrize("text, gold, correct, formatted", AWKWARD)
+def test_task_and_rewards_agree_on_awkward_inputs(text, gold, correct, formatted):
+    t, row = get_task("arithmetic"), {"answer": gold}
+    assert t.is_correct(text, row) is correct
+    assert t.is_formatted(text) is formatted
+    funcs = get_reward_funcs(list(t.default_reward_funcs))  # what the recipe trains on
+    rc, rclose, rfmt = (f(prompts=[None], completions=[text], answer=[gold])[0] for f in funcs)
+    assert rc == (1.0 if correct else 0.0)
+    assert (rfmt > 0) is formatted
+    assert (rclose == 1.0) is correct
 
 
 def test_graders():
@@ -140,5 +174,6 @@ def test_graders():
     assert not t.is_correct("19 or 20", row)
     for text in TEXTS[:-1]:
         assert t.is_correct(text, row) is (_r(arithmetic_correct, [text])[0] == 1.0)
+        assert t.is_formatted(text) is (_r(arithmetic_format, [text])[0] > 0)
     assert t.is_formatted("<answer> 19 </answer>") and t.is_formatted("<answer>19</answer> x")
     assert not t.is_formatted("<answer>x 3</answer>") and not t.is_formatted("19")

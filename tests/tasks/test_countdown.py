@@ -9,15 +9,15 @@ from fractions import Fraction
 
 import pytest
 
-from grpokit.tasks import get_task
-from grpokit.tasks.countdown import (
+from grpokit.rewards import get_reward_funcs
+from grpokit.rewards.countdown import (
+    MAX_EQUATION_CHARS,
+    arith_eval,
     countdown_score,
-    generate_problem,
     is_think_answer_format,
-    reachable,
-    safe_eval,
-    solve,
 )
+from grpokit.tasks import get_task
+from grpokit.tasks.countdown import generate_problem, reachable, solve
 
 
 def _check_steps(node):
@@ -77,7 +77,7 @@ def test_task_is_deterministic_and_holds_out_test():
 
 def test_solver_small_cases():
     assert solve([3, 5, 7], 22) is not None
-    assert safe_eval(solve([3, 5, 7], 22)) == 22
+    assert arith_eval(solve([3, 5, 7], 22)) == 22
     assert solve([1, 1, 1], 50) is None
     assert reachable((2, 3)) == {5, 6, 1}  # 2/3 and 3/2 are not integers
     assert reachable((4, 2)) == frozenset({6, 8, 2})  # 4-2 and 4/2 are both 2
@@ -123,21 +123,45 @@ def test_grader_division_and_tolerance():
     assert countdown_score("<answer>(7 - 3) / 5</answer>", NUMS, 0.8) == 1.0
     assert countdown_score("<answer>7 / 3 * 5</answer>", NUMS, 35 / 3 + 5e-6) == 1.0
     assert countdown_score("<answer>7 / 3 * 5</answer>", NUMS, 35 / 3 + 2e-5) == 0.0
-    assert countdown_score("<answer>7 // 3 + 5</answer>", NUMS, 7) == 1.0  # eval would agree
+    assert countdown_score("<answer>7 // 3 + 5</answer>", NUMS, 7) == 0.0  # not a game operator
 
 
-def test_powers_are_evaluated_but_bounded():
-    assert countdown_score("<answer>3 ** 2 - 5</answer>", [2, 3, 5], 4) == 1.0
-    # 99 ** 99 ** 99 would hang eval(); here it is simply wrong, quickly
-    assert countdown_score("<answer>99 ** 99 ** 99</answer>", [99, 99, 99], 10) == 0.0
-    with pytest.raises(OverflowError):
-        safe_eval("9 ** 9 ** 9")
-
-
-@pytest.mark.parametrize("bad", ["__import__('os')", "a + 1", "(1).real", "[1]", "1 if 1 else 2"])
-def test_safe_eval_refuses_non_arithmetic(bad):
+@pytest.mark.parametrize(
+    "bad",
+    ["__import__('os')", "a + 1", "(1).real", "[1]", "1 if 1 else 2", "2 ** 3", "7 // 2", "7 % 2"],
+)
+def test_arith_eval_refuses_what_the_game_does_not_allow(bad):
     with pytest.raises((ValueError, SyntaxError)):
-        safe_eval(bad)
+        arith_eval(bad)
+
+
+def _sum_of_ones(n):
+    return " + ".join(["1"] * n)  # 4n - 3 characters
+
+
+# (answer content, nums, target): inputs where a grader could go wrong, slow or large
+AWKWARD = [
+    ("2**3*1", [2, 3, 1], 8, False),  # the game has no powers ...
+    ("3 ** 2 - 5", [2, 3, 5], 4, False),
+    ("9**9**9", [9, 9, 9], 1, False),  # ... and this one must not hang or fill memory
+    ("99 ** 99 ** 99", [99, 99, 99], 10, False),
+    ("25 // 2 + 0", [25, 2, 0], 12, False),  # no floor division
+    ("2*3+1", [2, 3, 1], 7, True),
+    (_sum_of_ones(300), [1] * 300, 300, False),  # 1,197 characters: over the length bound
+    (_sum_of_ones(128), [1] * 128, 128, True),  # 509 characters: within it
+    (_sum_of_ones(129), [1] * 129, 129, False),  # 513 characters
+]
+
+
+@pytest.mark.parametrize("equation, nums, target, ok", AWKWARD)
+def test_task_and_rewards_agree_on_awkward_inputs(equation, nums, target, ok):
+    text = f"<think>t</think><answer>{equation}</answer>"
+    row = {"nums": nums, "target": target}
+    assert get_task("countdown").is_correct(text, row) is ok
+    funcs = get_reward_funcs(["countdown", "countdown_correct"])
+    for f in funcs:
+        assert f(prompts=[None], completions=[text], nums=[nums], target=[target]) == [float(ok)]
+    assert len(_sum_of_ones(128)) <= MAX_EQUATION_CHARS < len(_sum_of_ones(129))
 
 
 def test_format():
@@ -146,13 +170,10 @@ def test_format():
     assert not is_think_answer_format("x<think>a</think><answer>1</answer>")
 
 
-def test_agrees_with_the_countdown_reward_if_registered():
-    from grpokit.rewards import get_reward_funcs
-    from grpokit.rewards.registry import registered_rewards
-
-    if "countdown" not in registered_rewards():
-        pytest.skip("the reward library has no 'countdown' reward yet")
-    (fn,) = get_reward_funcs(["countdown"])
+def test_task_grader_is_the_reward_on_every_case():
+    t = get_task("countdown")
+    (fn,) = get_reward_funcs(t.default_reward_funcs[:1])
+    assert fn.__name__ == "countdown"
     texts = [t for t, _ in CASES]
     got = fn(
         prompts=[None] * len(texts),
@@ -160,7 +181,9 @@ def test_agrees_with_the_countdown_reward_if_registered():
         nums=[NUMS] * len(texts),
         target=[TARGET] * len(texts),
     )
-    assert [float(g or 0.0) for g in got] == [s for _, s in CASES]
+    assert got == [s for _, s in CASES]
+    row = {"nums": NUMS, "target": TARGET}
+    assert [float(t.is_correct(x, row)) for x in texts] == got
 
 
 def test_dataset_rows(tmp_path, write_jsonl):
@@ -204,7 +227,10 @@ def test_matches_the_reference_on_random_strings():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    body = st.text(alphabet="3579+-*/(). =x\n", max_size=16).filter(lambda s: "**" not in s)
+    # ms-swift's eval computes ** and //, which the game (and grpokit) refuse
+    body = st.text(alphabet="3579+-*/(). =x\n", max_size=16).filter(
+        lambda s: "**" not in s and "//" not in s
+    )
 
     @settings(max_examples=400, deadline=None, derandomize=True)
     @given(body, st.sampled_from([22, 8, 0.6, 105, 1]))
@@ -215,11 +241,11 @@ def test_matches_the_reference_on_random_strings():
     check()
 
 
-def test_safe_eval_equals_python_on_random_equations():
+def test_arith_eval_equals_python_on_random_equations():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    ops = st.sampled_from(["+", "-", "*", "/", "//", "%", "- -", "* -"])
+    ops = st.sampled_from(["+", "-", "*", "/", "- -", "* -"])
 
     @settings(max_examples=300, deadline=None, derandomize=True)
     @given(
@@ -237,11 +263,10 @@ def test_safe_eval_equals_python_on_random_equations():
             want = eval(expr, {"__builtins__": None}, {})  # noqa: S307
         except ZeroDivisionError:
             with pytest.raises(ZeroDivisionError):
-                safe_eval(expr)
+                arith_eval(expr)
             return
-        assert safe_eval(expr) == want, expr
-        ok = countdown_score(f"<answer>{expr} = ?</answer>", [3, 5, 7, 12], want)
-        assert ok == (0.0 if "%" in expr else 1.0), expr  # '%' is not an allowed character
+        assert arith_eval(expr) == want, expr
+        assert countdown_score(f"<answer>{expr} = ?</answer>", [3, 5, 7, 12], want) == 1.0
 
     check()
 

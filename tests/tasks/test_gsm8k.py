@@ -79,18 +79,18 @@ def test_graders(completion, gold, lenient, strict):
 
 
 def test_is_correct_agrees_with_the_correctness_reward():
-    from grpokit.rewards.registry import lookup, registered_rewards
+    from grpokit.rewards import get_reward_funcs
 
-    if "correctness" not in registered_rewards():
-        pytest.skip("no correctness reward registered")
-    fn, factory = lookup("correctness")
-    assert not factory
+    fn, xml_format = get_reward_funcs(get_task("gsm8k").default_reward_funcs)
+    assert fn.__name__ == "correctness"
     comps = [c for c, *_ in CASES]
     golds = [g for _, g, *_ in CASES]
     rewards = fn(prompts=[None] * len(comps), completions=comps, answer=golds)
     task = get_task("gsm8k")
     for c, g, r in zip(comps, golds, rewards):
         assert task.is_correct(c, {"answer": g}) is (r > 0), (c, g, r)
+    formats = xml_format(prompts=[None] * len(comps), completions=comps)
+    assert [task.is_formatted(c) for c in comps] == [f == 0.8 for f in formats]
 
 
 def test_is_formatted():

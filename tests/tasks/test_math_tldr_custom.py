@@ -2,6 +2,7 @@
 
 import pytest
 
+from grpokit.rewards import get_reward_funcs
 from grpokit.tasks import TaskDataError, get_task
 
 
@@ -50,6 +51,9 @@ def test_math_grader(math_dir, completion, i, ok):
     t = get_task("math", dataset_name=str(math_dir))
     row = t.build("train")[i]
     assert t.is_correct(completion, row) is ok
+    (accuracy,) = get_reward_funcs(t.default_reward_funcs)  # what the task trains on
+    got = accuracy(prompts=[None], completions=[completion], solution=[row["solution"]])[0]
+    assert (got == 1.0) is ok  # None (gold does not parse) is not correct either
 
 
 def test_math_default_source_is_the_hub_id():
@@ -72,9 +76,15 @@ def test_tldr(tmp_path, write_jsonl):
         [{"role": "user", "content": "POST: b"}],
     ]
     assert rows[0]["target_length"] == 20
-    assert t.is_correct("x" * 20, rows[0]) and t.is_correct(" " + "x" * 22 + "\n", rows[0])
+    assert t.is_correct("x" * 20, rows[0]) and t.is_correct(" " + "x" * 20 + "\n", rows[0])
     assert t.is_correct("x" * 18, rows[0])
     assert not t.is_correct("x" * 23, rows[0]) and not t.is_correct("", rows[0])
+    # the length the reward measures: whitespace counts, as in the smoltldr tutorial
+    assert not t.is_correct(" " + "x" * 22 + "\n", rows[0])
+    (reward,) = get_reward_funcs(t.default_reward_funcs)
+    texts = ["x" * n for n in range(15, 26)] + [" " + "x" * 19, "x" * 21 + "\n\n"]
+    scores = reward(prompts=[None] * len(texts), completions=texts, target_length=[20] * len(texts))
+    assert [t.is_correct(x, rows[0]) for x in texts] == [s >= -2 for s in scores]
     assert get_task("tldr").source == "mlabonne/smoltldr"
     with pytest.raises(TaskDataError, match="target_length"):
         get_task("tldr", target_length=0)
@@ -95,6 +105,20 @@ def test_custom_with_answer(tmp_path):
     assert t.default_reward_funcs == ("correctness", "xml_format")
     assert t.is_correct("<answer>4</answer>", rows[0])
     assert not t.is_correct("4", rows[0])
+    correctness, xml_format = get_reward_funcs(t.default_reward_funcs)
+    texts = [
+        "<answer>4</answer>",
+        "4",
+        "<answer>$4.0</answer>",
+        "<answer>4",
+        "<answer>.4e1</answer>",
+    ]
+    scores = correctness(prompts=[None] * 5, completions=texts, answer=["4"] * 5)
+    assert [t.is_correct(x, rows[0]) for x in texts] == [s > 0 for s in scores]
+    texts = ["<reasoning>r</reasoning><answer>4</answer>", "<answer>4</answer>"]
+    assert [t.is_formatted(x) for x in texts] == [
+        s == 0.8 for s in xml_format(prompts=[None] * 2, completions=texts)
+    ]
 
 
 def test_custom_prompt_only_and_chat_prompts(tmp_path, write_jsonl):

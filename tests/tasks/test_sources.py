@@ -8,7 +8,7 @@ import pytest
 
 from grpokit.tasks import TaskDataError, get_task
 from grpokit.tasks.base import holdout
-from grpokit.tasks.data import load_table, read_file
+from grpokit.tasks.sources import load_table, read_file
 
 
 def test_jsonl_json_csv(tmp_path, write_jsonl):

@@ -1,4 +1,5 @@
-"""Load one split of a table: a local file or directory, or a hub dataset id.
+"""Where a task's rows come from: one split of a table, from a local file or directory,
+or a hub dataset id.
 
 Local sources (``.jsonl``, ``.json``, ``.parquet``, ``.csv``):
 
@@ -18,9 +19,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpokit.tasks.base import TaskDataError
-
 EXTS = (".jsonl", ".json", ".parquet", ".csv")
+
+
+class TaskDataError(ValueError):
+    """A dataset does not have what the task needs (columns, rows, files, parameters).
+
+    Defined here, in the module every task reads its data through, so that this module
+    needs nothing from the rest of ``grpokit.tasks`` (``base`` imports it, not the reverse).
+    """
 
 
 class SplitNotFound(TaskDataError):
