@@ -226,8 +226,9 @@ def child_grpokit(spec: dict) -> dict:
         "autocast": seen,
         "head_params": emb.numel(),
         "body_params": n_params - emb.numel(),
-        "matmul_gflops": _matmul_gflops(),
-        "model_gemm_gflops": _model_gemm_gflops(trainer.model.config),
+        # bf16 rates only where the run used bf16 (without native bf16 they take minutes)
+        "matmul_gflops": _matmul_gflops() if spec["bf16"] else {},
+        "model_gemm_gflops": _model_gemm_gflops(trainer.model.config) if spec["bf16"] else None,
         "engine_start_seconds": getattr(trainer.engine, "start_seconds", None),
     }
 
