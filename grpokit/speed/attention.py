@@ -46,7 +46,7 @@ FLOAT32_TOO = False
 MAX_QUERIES = 192
 
 
-class _Attention(torch.autograd.Function):
+class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, scale):
         # q (B, G, R*Lq, D): the R query heads of key/value head G stacked; k, v (B, G, Lk, D);
@@ -107,11 +107,11 @@ def attention(q, k, v, mask, scale):
     if mask is not None:
         mp = mask[:, :, None].expand(mask.shape[0], 1, R, Lq, mask.shape[-1])
         mp = mp.reshape(mask.shape[0], 1, R * Lq, mask.shape[-1])
-    out = _Attention.apply(qp, k, v, mp, scale)
+    out = AttentionFunction.apply(qp, k, v, mp, scale)
     return out.view(B, H, Lq, D)
 
 
-def _causal_mask(Lq: int, Lk: int, device) -> torch.Tensor:
+def causal_mask(Lq: int, Lk: int, device) -> torch.Tensor:
     """(1, 1, Lq, Lk) bool: query i (the last Lq positions) sees keys 0 .. Lk - Lq + i."""
     qi = torch.arange(Lq, device=device)[:, None] + (Lk - Lq)
     return (torch.arange(Lk, device=device)[None, :] <= qi)[None, None]
@@ -161,7 +161,7 @@ def sdpa_train_attention(
     else:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         if causal and Lq > 1:
-            mask = _causal_mask(Lq, Lk, query.device)
+            mask = causal_mask(Lq, Lk, query.device)
     scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
     query, key, value = query.to(dt), key.to(dt), value.to(dt)
     with torch.autocast("cpu", enabled=False):

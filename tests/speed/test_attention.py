@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpokit.algo import attention as A
+from grpokit.speed import attention as A
 
 
 def _repeat(x, r):
@@ -20,7 +20,7 @@ def _inputs(dtype, B=5, H=6, G=2, Lq=7, Lk=11, D=8, seed=0):
     q = torch.randn(B, H, Lq, D, generator=g).to(dtype)
     k = torch.randn(B, G, Lk, D, generator=g).to(dtype)
     v = torch.randn(B, G, Lk, D, generator=g).to(dtype)
-    mask = A._causal_mask(Lq, Lk, "cpu").expand(B, 1, Lq, Lk).clone()
+    mask = A.causal_mask(Lq, Lk, "cpu").expand(B, 1, Lq, Lk).clone()
     mask[1, :, :, :3] = False  # left padding of one row
     mask[2, :, 0, :] = False  # a query that sees nothing (a padding position)
     up = torch.randn(B, H, Lq, D, generator=g).to(dtype)
@@ -59,7 +59,7 @@ def test_attention_matches_sdpa_autograd(dtype, atol, monkeypatch):
 
 def test_attention_without_mask_and_causal():
     q, k, v, _, up = _inputs(torch.float64, Lq=6, Lk=6)
-    causal = A._causal_mask(6, 6, "cpu")
+    causal = A.causal_mask(6, 6, "cpu")
     ref = _grads(
         lambda q, k, v: F.scaled_dot_product_attention(
             q, _repeat(k, 3), _repeat(v, 3), is_causal=True
@@ -96,11 +96,10 @@ def test_trainer_forward_with_own_attention_backward(
     """The trainer's training forward with ``attention_backward`` on and off: same log-probs
     (the forward is SDPA's either way) and the same gradients, through the shared-prompt KV
     cache, the padded batch, and under bf16 autocast."""
-    from tests.test_fused_logprobs import _rollout
-
     from grpokit.speed.attention import training_attention
     from grpokit.testing import tiny_run_config
     from grpokit.trainer import GRPOTrainer
+    from tests.trainer.test_forward_batches import _rollout
 
     monkeypatch.setattr(A, "FLOAT32_TOO", True)  # tight float32 check of the routing
     tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", **overrides))
@@ -109,7 +108,7 @@ def test_trainer_forward_with_own_attention_backward(
     mask = ro.completion_mask[rows].float()
     out = {}
     calls = []
-    orig = A._Attention.backward
+    orig = A.AttentionFunction.backward
 
     def counting(ctx, g):
         calls.append(1)
@@ -117,13 +116,13 @@ def test_trainer_forward_with_own_attention_backward(
 
     for on in (True, False):
         tr.model.zero_grad(set_to_none=True)
-        A._Attention.backward = staticmethod(counting)
+        A.AttentionFunction.backward = staticmethod(counting)
         try:
             with training_attention(on):
                 logp, _ = tr.logprobs(tr.model, ro, rows)
             (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         finally:
-            A._Attention.backward = staticmethod(orig)
+            A.AttentionFunction.backward = staticmethod(orig)
         grads = {n: p.grad.clone() for n, p in tr.model.named_parameters() if p.grad is not None}
         out[on] = (logp * mask, grads)
         assert bool(calls) == on  # ours ran only when routed
@@ -141,22 +140,21 @@ def test_trainer_forward_with_own_attention_backward(
 def test_float32_and_long_forwards_keep_sdpa(tmp_path, tiny_model_dir, why, monkeypatch):
     """In float32 (where SDPA's backward measured as fast) and past MAX_QUERIES queries
     (where SDPA's blocked backward wins) the route is not taken."""
-    from tests.test_fused_logprobs import _rollout
-
     from grpokit.speed.attention import training_attention
     from grpokit.testing import tiny_run_config
     from grpokit.trainer import GRPOTrainer
+    from tests.trainer.test_forward_batches import _rollout
 
     if why == "long":
         monkeypatch.setattr(A, "MAX_QUERIES", 1)
     tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", bf16=why == "long"))
     ro = _rollout(tr)
     seen = []
-    orig = A._Attention.apply
+    orig = A.AttentionFunction.apply
     try:
-        A._Attention.apply = lambda *a: seen.append(1) or orig(*a)
+        A.AttentionFunction.apply = lambda *a: seen.append(1) or orig(*a)
         with training_attention():
             tr.logprobs(tr.model, ro, torch.tensor([0, 1]))
     finally:
-        A._Attention.apply = orig
+        A.AttentionFunction.apply = orig
     assert not seen
