@@ -12,7 +12,7 @@ import torch
 
 from grpokit.prompts import render_prompts, tokenize_prompts
 from grpokit.rollout.base import SamplingParams
-from grpokit.scoring import reward_name, score
+from grpokit.scoring import reward_name, score_rollout
 
 
 def evaluate(
@@ -44,16 +44,7 @@ def evaluate(
         )
         ro = engine.generate(ids, mask, params, num_generations=num_samples)
         rows_rep = [r for r in chunk for _ in range(num_samples)]
-        cols = {k: [r.get(k) for r in rows_rep] for k in chunk[0] if k != "prompt"}
-        comps = [[{"role": "assistant", "content": t}] for t in ro.texts]
-        cids = [ro.completion_ids[i, : int(ro.lengths[i])].tolist() for i in range(len(ro.texts))]
-        r = score(
-            reward_funcs,
-            [x["prompt"] for x in rows_rep],
-            comps,
-            {**cols, "completion_ids": cids},
-            on_error="skip",
-        )
+        r = score_rollout(reward_funcs, chunk, ro, num_samples, on_error="skip")
         for j, f in enumerate(reward_funcs):
             per_func[reward_name(f)].extend(v for v in r[:, j].tolist() if not math.isnan(v))
         ok = [bool(task.is_correct(t, row)) for t, row in zip(ro.texts, rows_rep)]
@@ -70,7 +61,11 @@ def evaluate(
                         "correct": ok[i],
                     }
                 )
-    n = len(rows)
+    return _summary(correct, formatted, lengths, truncated, per_func, examples, num_samples)
+
+
+def _summary(correct, formatted, lengths, truncated, per_func, examples, num_samples):
+    n = len(correct) // num_samples
     by_prompt = torch.tensor(correct, dtype=torch.float32).view(n, num_samples)
     out: dict[str, Any] = {
         "num_prompts": n,

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from grpokit.prompts import columns_for_rewards
+
 log = logging.getLogger("grpokit")
 
 
@@ -117,6 +119,27 @@ def score(
         for i, v in enumerate(vals):
             out[i, j] = _value(fn, v, completions[i], on_error, counters)
     return out
+
+
+def score_rollout(
+    funcs: Sequence[Callable],
+    rows: list[dict[str, Any]],
+    ro,
+    group_size: int = 1,
+    *,
+    on_error: str = "raise",
+    counters: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """(N, F) rewards of a rollout's completions (``group_size`` per row of ``rows``,
+    contiguous): each function gets the prompts, the completions as assistant messages, every
+    dataset column but the prompt, and the completion token ids."""
+    columns = columns_for_rewards(rows, group_size)
+    columns["completion_ids"] = [
+        ro.completion_ids[i, : int(n)].tolist() for i, n in enumerate(ro.lengths)
+    ]
+    completions = [[{"role": "assistant", "content": t}] for t in ro.texts]
+    prompts = [r["prompt"] for r in rows for _ in range(group_size)]
+    return score(funcs, prompts, completions, columns, on_error=on_error, counters=counters)
 
 
 def combine(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

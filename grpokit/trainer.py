@@ -37,8 +37,8 @@ from grpokit.evaluation import describe_eval, evaluate_rows, format_comparison, 
 from grpokit.launch import check_launch, launch_from_env, training_strategy
 from grpokit.logging import MetricsLogger, truncate_logs
 from grpokit.metrics import accuracy, completions_table, round_metrics
-from grpokit.prompts import columns_for_rewards, render_prompts, tokenize_prompts
-from grpokit.scoring import combine, score
+from grpokit.prompts import render_prompts, tokenize_prompts
+from grpokit.scoring import combine, score_rollout
 from grpokit.speed.heap import HeapRelease
 from grpokit.status import RunStatus, StopRequests
 
@@ -190,7 +190,7 @@ class GRPOTrainer:
         fault_point("generation", self.step + 1)
         t1 = time.time()
         prompts = [r["prompt"] for r in rows for _ in range(G)]
-        rewards, all_rewards, total, adv = self._score(rows, prompts, ro)
+        rewards, all_rewards, total, adv = self._score(rows, ro)
         t2 = time.time()
         loss_mask = ro.completion_mask.clone()
         if c.mask_truncated_completions:
@@ -216,19 +216,14 @@ class GRPOTrainer:
             )
         return batch, m, table
 
-    def _score(self, rows, prompts, ro):
+    def _score(self, rows, ro):
         """(this process's (N, F) rewards, every process's (N_g, F), combined (N_g,),
         this process's (N,) advantages). Group statistics are global."""
-        completions = [[{"role": "assistant", "content": t}] for t in ro.texts]
-        cols = columns_for_rewards(rows, self.cfg.num_generations)
-        cols["completion_ids"] = [
-            ro.completion_ids[i, : int(n)].tolist() for i, n in enumerate(ro.lengths)
-        ]
-        rewards = score(
+        rewards = score_rollout(
             self.rewards.funcs,
-            prompts,
-            completions,
-            cols,
+            rows,
+            ro,
+            self.cfg.num_generations,
             on_error=self.cfg.reward_errors,
             counters=self.counters,
         )  # (N, F)

@@ -5,19 +5,18 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "grpokit"
-MAX_FUNCTION_LINES = 60  # body lines, without the docstring
+MAX_FUNCTION_LINES = 60  # from `def` to the end, without the docstring
 MAX_TRAINER_LINES = 400
 
 
 def _body_lines(fn: ast.FunctionDef) -> int:
-    body = fn.body
-    first = body[0]
-    doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant)
-    if doc and isinstance(first.value.value, str):
-        if len(body) == 1:
-            return 0
-        first = body[1]
-    return fn.end_lineno - first.lineno + 1
+    """Lines from ``def`` to the end (signature included), the docstring left out."""
+    n = fn.end_lineno - fn.lineno + 1
+    first = fn.body[0]
+    if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+        if isinstance(first.value.value, str):
+            n -= first.end_lineno - first.lineno + 1
+    return n
 
 
 def test_no_function_over_60_lines():

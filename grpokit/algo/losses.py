@@ -99,9 +99,8 @@ def policy_loss(
         raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs)")
     eps_high = epsilon_low if epsilon_high is None else epsilon_high
     mask = mask.to(logp.dtype)
-    n_seq, T = logp.shape
     old = logp.detach() if old_logp is None else old_logp
-    tok_count = mask.sum(-1)  # (N,)
+    tok_count = mask.sum(-1)  # (N,) completion tokens of each sequence
 
     log_ratio = logp - old  # (N, T)
     if importance_sampling_level == "sequence":
@@ -122,22 +121,29 @@ def policy_loss(
     if is_weights is not None:
         per_token = per_token * is_weights.detach().to(per_token.dtype)
     per_token = per_token * mask
-    if loss_type == "grpo":
-        denom = float(n_seq if num_sequences is None else num_sequences)
-        loss = (per_token.sum(-1) / tok_count.clamp(min=1.0)).sum() / denom
-    elif loss_type == "bnpo":
-        loss = per_token.sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        L = T if max_completion_length is None else max_completion_length
-        denom = float(n_seq if num_sequences is None else num_sequences)
-        loss = per_token.sum() / (denom * L)
-    else:  # dapo
-        denom = mask.sum().clamp(min=1.0) if num_tokens is None else float(max(num_tokens, 1))
-        loss = per_token.sum() / denom
+    loss = _aggregate(
+        per_token, mask, tok_count, loss_type, max_completion_length, num_sequences, num_tokens
+    )
 
     with torch.no_grad():
         metrics = _loss_metrics(ratio, adv, mask, kl, entropy, epsilon_low, eps_high)
     return loss, metrics
+
+
+def _aggregate(per_token, mask, tok_count, loss_type, max_len, num_sequences, num_tokens):
+    """The masked (N, T) per-token losses reduced to the scalar of ``loss_type``."""
+    n_seq, T = per_token.shape
+    if loss_type == "grpo":
+        denom = float(n_seq if num_sequences is None else num_sequences)
+        return (per_token.sum(-1) / tok_count.clamp(min=1.0)).sum() / denom
+    if loss_type == "bnpo":
+        return per_token.sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        L = T if max_len is None else max_len
+        denom = float(n_seq if num_sequences is None else num_sequences)
+        return per_token.sum() / (denom * L)
+    denom = mask.sum().clamp(min=1.0) if num_tokens is None else float(max(num_tokens, 1))
+    return per_token.sum() / denom  # dapo
 
 
 def _loss_metrics(ratio, adv, mask, kl, entropy, epsilon_low: float, eps_high: float):
