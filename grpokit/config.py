@@ -120,6 +120,9 @@ class GRPOConfig:
     reward_funcs: list | None = None  # None: the task's defaults
     reward_weights: list | None = None
     reward_errors: str = "raise"  # or "skip"
+    # tokenizers of reward-model entries of reward_funcs (TRL's key): a list aligned with
+    # reward_funcs (null for non-models) or one directory / hub id for every reward model
+    reward_processing_classes: str | list | None = None
     max_nonfinite_skips: int = 3  # consecutive non-finite steps before the run stops
 
     # generation
@@ -338,6 +341,19 @@ def _check_vllm(c: GRPOConfig) -> None:
 def _check_rewards(c: GRPOConfig) -> None:
     _check(c.reward_errors in ("raise", "skip"), "reward_errors: use raise or skip")
     _check(c.max_nonfinite_skips >= 1, "max_nonfinite_skips must be >= 1")
+    rpc = c.reward_processing_classes
+    if isinstance(rpc, list):
+        _check(
+            all(x is None or isinstance(x, str) for x in rpc),
+            f"reward_processing_classes={rpc}: each entry is a tokenizer directory, a hub id "
+            "or null",
+        )
+        if c.reward_funcs is not None:
+            _check(
+                len(rpc) == len(c.reward_funcs),
+                f"reward_processing_classes has {len(rpc)} entries but reward_funcs has "
+                f"{len(c.reward_funcs)}; give one per function (null for non-models)",
+            )
     if c.reward_weights is None:
         return
     _check(

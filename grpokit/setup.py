@@ -17,7 +17,7 @@ import torch
 
 from grpokit import distributed as dist
 from grpokit.batch import MicroBatchPlan
-from grpokit.config import GRPOConfig
+from grpokit.config import ConfigError, GRPOConfig
 from grpokit.forward import LogProbs, is_checkpointing
 from grpokit.optim import build_optimizer, build_scheduler
 from grpokit.prompts import PromptSampler
@@ -44,6 +44,11 @@ def build_task(cfg: GRPOConfig):
     )
 
 
+# the errors get_reward_funcs raises for an entry it cannot make (unknown name, bad
+# parameter, missing plugin file, module or name); a reward model's are ModelSourceErrors
+SPEC_ERRORS = (KeyError, TypeError, ValueError, FileNotFoundError, ImportError, AttributeError)
+
+
 @dataclass
 class Rewards:
     funcs: list
@@ -51,16 +56,27 @@ class Rewards:
     names: list[str]
 
 
-def build_rewards(cfg: GRPOConfig, task) -> Rewards:
-    """The recipe's reward functions and weights, or the task's defaults."""
+def build_rewards(cfg: GRPOConfig, task, device: torch.device | None = None) -> Rewards:
+    """The recipe's reward functions and weights, or the task's defaults. Reward models
+    (sequence classifiers) load in the run's dtype onto ``device``, the training device."""
     from grpokit.rewards import get_reward_funcs
 
     specs = cfg.reward_funcs if cfg.reward_funcs is not None else list(task.default_reward_funcs)
     if not specs:
-        raise ValueError(
+        raise ConfigError(
             f"task {cfg.task!r} has no default rewards; set reward_funcs in the recipe"
         )
-    funcs = get_reward_funcs(specs)
+    try:
+        funcs = get_reward_funcs(
+            specs,
+            processing_classes=cfg.reward_processing_classes,
+            device=device if device is not None else torch.device("cpu"),
+            dtype=cfg.torch_dtype,
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    except SPEC_ERRORS as e:  # what get_reward_funcs says about an entry: one line
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise ConfigError(f"reward_funcs: {message}") from e
     if cfg.reward_weights is not None:
         weights = list(cfg.reward_weights)
     elif cfg.reward_funcs is None and task.default_reward_weights is not None:
@@ -68,7 +84,10 @@ def build_rewards(cfg: GRPOConfig, task) -> Rewards:
     else:
         weights = [1.0] * len(funcs)
     if len(weights) != len(funcs):
-        raise ValueError(f"{len(weights)} reward_weights for {len(funcs)} reward_funcs")
+        raise ConfigError(
+            f"{len(weights)} reward_weights for {len(funcs)} reward_funcs (the task's defaults "
+            "when reward_funcs is unset); give one weight per function"
+        )
     return Rewards(
         funcs, torch.tensor(weights, dtype=torch.float32), [reward_name(f) for f in funcs]
     )

@@ -64,7 +64,7 @@ class GRPOTrainer:
         self.counters: dict[str, int] = {}
         # cheap checks first, before any model loads
         self.task = setup.build_task(cfg)
-        self.rewards = setup.build_rewards(cfg, self.task)
+        self.rewards = setup.build_rewards(cfg, self.task, self.device)
         self.data = setup.build_data(cfg, self.task)
         self.train_rows, self.eval_rows = self.data.train_rows, self.data.eval_rows
         self.total_steps = self.data.total_steps
@@ -269,6 +269,8 @@ class GRPOTrainer:
             reward_errors=self.counters.get("reward_errors", 0),
             truncated_prompts=self.counters.get("truncated_prompts", 0),
         )
+        if "reward_model_truncated" in self.counters:  # only runs with a reward model log it
+            out["reward_model_truncated"] = self.counters["reward_model_truncated"]
         out["time/training"] = time.time() - t0
         positions = torch.tensor(float(self.logprobs.train_positions - positions0))
         out["tokens_forward"] = dist.all_reduce_sum(positions).item()
