@@ -99,7 +99,8 @@ class GRPOConfig:
     lora_target_modules: str | list | None = None  # None = all linear layers
     merge_lora: bool = True
     # where this process trains: auto (cuda:LOCAL_RANK when torch sees a GPU, else cpu),
-    # cpu, cuda (= cuda:LOCAL_RANK) or cuda:N. Rewards and scoring always run on the CPU.
+    # cpu, cuda (= cuda:LOCAL_RANK) or cuda:N. Reward functions run on the CPU; reward
+    # models (sequence classifiers in reward_funcs) on this device.
     device: str = "auto"
 
     # task and data
