@@ -100,10 +100,14 @@ def resolve(spec: str, kind: str = "reward model") -> str:
         return str(Path(cached).parent)
     why = _hub_unavailable()
     if why:
+        what = (
+            "is not a registered reward, a plugin (module:Name) or a local directory, and"
+            if kind == "reward model"
+            else "is not a local directory and"
+        )
         raise _error(
-            f"{kind} {spec!r} is not a registered reward, a plugin (module:Name) or a local "
-            f"directory, and cannot come from the hub: {why}; give a local directory or make "
-            "the hub reachable"
+            f"{kind} {spec!r} {what} cannot come from the hub: {why}; give a local directory "
+            "or make the hub reachable"
         )
     return spec
 
@@ -148,7 +152,12 @@ def load_reward_model(
     from grpokit.models import _DTYPES
 
     path = resolve(spec)
-    _check_classifier(spec, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:  # not on the hub, no access, unreadable config
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise _error(f"reward model {spec!r} cannot be loaded: {first}") from e
+    _check_classifier(spec, config)
     model = AutoModelForSequenceClassification.from_pretrained(
         path, num_labels=1, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
     )

@@ -180,6 +180,10 @@ def test_reward_processing_classes_mistakes_are_named(rm_dir):
         get_reward_funcs(["format", str(rm_dir)], processing_classes=[str(rm_dir), None])
     with pytest.raises(ValueError, match="no reward_funcs entry is a reward model"):
         get_reward_funcs(["format"], processing_classes=str(rm_dir))
+    from grpokit.models import ModelSourceError
+
+    with pytest.raises(ModelSourceError, match="class 'org/tok' is not a local directory and"):
+        get_reward_funcs([str(rm_dir)], processing_classes="org/tok")
 
 
 def test_what_is_not_a_reward_model_says_so(tmp_path):
@@ -205,7 +209,6 @@ def _closed_port() -> int:
 def test_hub_id_without_a_hub_is_a_one_line_error(monkeypatch, tmp_path):
     from grpokit.models import ModelSourceError
 
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelSourceError, match="HF_HUB_OFFLINE is set") as e:
         get_reward_funcs(["OpenAssistant/reward-model-deberta-v3-large-v2"])
     assert "\n" not in str(e.value) and "not a registered reward" in str(e.value)
@@ -261,3 +264,13 @@ def test_reward_processing_classes_config_key(tmp_path):
         build_config({**base, "reward_funcs": ["a", "b"], "reward_processing_classes": ["t"]})
     with pytest.raises(ConfigError, match="tokenizer directory, a hub id or null"):
         build_config({**base, "reward_funcs": ["a"], "reward_processing_classes": [3]})
+
+
+def test_an_unreadable_config_is_a_one_line_error(tmp_path):
+    from grpokit.models import ModelSourceError
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    with pytest.raises(ModelSourceError, match="reward model .* cannot be loaded") as e:
+        get_reward_funcs([str(tmp_path / "bad")])
+    assert "\n" not in str(e.value)
