@@ -4,8 +4,11 @@
 
 Parameters:
 
-- ``prompt_column`` (default "prompt"): the user message; a list of chat messages is used
-  as it is (the system prompt is added in front unless it already has one);
+- ``prompt_column`` (default "prompt"): a list of chat messages is used as it is (the
+  system prompt is added in front unless it already has one) and rendered through the chat
+  template; a plain string is the model input as it is, no chat template (TRL's "standard"
+  format), unless a system prompt is in effect (``system_prompt``, or ``answer_column``'s
+  default): then it is the user message after that system message;
 - ``answer_column`` (default None): the gold answer, copied to the ``answer`` column the
   ``correctness`` reward reads; with it the defaults are the gsm8k ones (reasoning/answer
   system prompt, rewards ``correctness`` + ``xml_format``, the same lenient grader);
@@ -68,6 +71,12 @@ class CustomTask(Task):
         if self.answer_column:
             out["answer"] = str(row[self.answer_column]).strip()
         return out
+
+    def make_prompt(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
+        p = row["prompt"]
+        if isinstance(p, str) and not self.effective_system_prompt():
+            return p
+        return self.make_messages(row)
 
     def make_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
         p = row["prompt"]
