@@ -70,6 +70,9 @@ class Task:
     # The source column the task reads its prompt text from; None for tasks whose prompts
     # are built from other columns or generated (dataset_prompt_column does not apply).
     source_prompt_column: ClassVar[str | None] = None
+    # The source columns ``process_row`` reads; a source that has them all is read with only
+    # those (Arrow skips the others, e.g. OpenR1-Math's long ``generations``). () = all.
+    source_columns: ClassVar[tuple[str, ...]] = ()
     # Hub datasets in the task's layout: a recipe naming one (or a local copy with the same
     # directory name) and no ``task`` gets this task (see ``task_for_dataset``).
     known_datasets: ClassVar[tuple[str, ...]] = ()
@@ -134,6 +137,13 @@ class Task:
     def process_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """One source row -> the task's columns (None drops the row)."""
         return dict(row)
+
+    def columns_read(self) -> tuple[str, ...]:
+        """``source_columns``, with ``dataset_prompt_column`` in place of the prompt column."""
+        target = self.prompt_source_column()
+        if self.prompt_column is None:
+            return self.source_columns
+        return tuple(self.prompt_column if c == target else c for c in self.source_columns)
 
     def source_rows(self, split: str) -> Table:
         """Raw rows of ``split`` from ``self.source``, with the ``test_size`` hold-out and the
@@ -253,6 +263,7 @@ class SourceRows(Sequence):
 
     @classmethod
     def scan(cls, task: Task, table: Table, split: str) -> SourceRows:
+        table = table.with_columns(task.columns_read())
         keep: list[int] = []
         i = 0
         for batch in table.batches():

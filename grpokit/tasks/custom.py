@@ -56,6 +56,10 @@ class CustomTask(Task):
     def prompt_source_column(self) -> str | None:
         return self.prompt_column_param
 
+    def columns_read(self) -> tuple[str, ...]:
+        cols = [self.prompt_column or self.prompt_column_param, *self.reward_columns]
+        return tuple(cols + ([self.answer_column] if self.answer_column else []))
+
     def process_row(self, row: dict[str, Any]) -> dict[str, Any]:
         need = [self.prompt_column_param, *self.reward_columns]
         if self.answer_column:

@@ -92,6 +92,15 @@ class Table(Sequence):
     def column_names(self) -> list[str] | None:
         return list(self.data.column_names) if hasattr(self.data, "column_names") else None
 
+    def with_columns(self, columns: Sequence[str]) -> Table:
+        """This table reading only ``columns`` (Arrow leaves the others untouched), when it has
+        every one of them; else (or for a list of dicts, or no columns given) this table."""
+        have = self.column_names
+        cols = list(dict.fromkeys(columns))
+        if not cols or have is None or not set(cols) <= set(have) or len(cols) == len(have):
+            return self
+        return Table(self.data.select_columns(cols), self.indices)
+
     def batches(self) -> Iterator[list[dict[str, Any]]]:
         if not hasattr(self.data, "iter"):  # a list of dicts
             for s in range(0, len(self), BATCH):
@@ -303,6 +312,7 @@ def load_hub(source: str, split: str, config: str | None = None):
             f"{source!r} is not a local path, so it is read as a hub dataset, which needs the "
             "`datasets` package: pip install datasets (or download the data and give its path)"
         ) from e
+    hub_down(source)
     try:
         ds = datasets.load_dataset(source, config, split=split)
     except ValueError as e:
@@ -316,3 +326,17 @@ def load_hub(source: str, split: str, config: str | None = None):
             "If the hub is unreachable, download the dataset and set dataset_name to its path"
         ) from e
     return ds if hasattr(ds, "iter") else list(ds)
+
+
+def hub_down(source: str, timeout: float = 3.0) -> None:
+    """Fail at once, in one line, when the hub is unreachable (``datasets`` would retry for
+    half a minute, logging each try); with ``HF_HUB_OFFLINE=1`` ``datasets`` is asked anyway,
+    so a copy already in its cache loads."""
+    from grpokit.models import _offline, hub_reachable
+
+    if not _offline() and not hub_reachable(timeout):
+        raise TaskDataError(
+            f"cannot load hub dataset {source!r}: the hub is unreachable (no connection within "
+            f"{timeout:.0f}s). Download the dataset and set dataset_name to its path (a copy "
+            "already in the datasets cache loads with HF_HUB_OFFLINE=1)"
+        )

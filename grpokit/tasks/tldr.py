@@ -42,6 +42,7 @@ class TLDRTask(Task):
     }
     default_dataset: ClassVar[str | None] = HUB_ID
     source_prompt_column: ClassVar[str | None] = "prompt"
+    source_columns: ClassVar[tuple[str, ...]] = ("prompt",)
     known_datasets: ClassVar[tuple[str, ...]] = ("mlabonne/smoltldr",)
 
     def configure(self) -> None:
