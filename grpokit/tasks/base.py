@@ -19,6 +19,7 @@ source is never held as Python dicts.
 from __future__ import annotations
 
 import difflib
+import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from grpokit.tasks.sources import (
 )
 
 SPLITS = ("train", "test")
+log = logging.getLogger("grpokit")
 
 
 @dataclass
@@ -180,6 +182,14 @@ class Task:
     def _sampled(self, table: Table, split: str) -> Table:
         if self.sample_count is None or split != self.train_split:
             return table
+        if self.sample_count > len(table):
+            log.warning(
+                "%s#%d: %d rows sampled from %d, so rows repeat (as ms-swift does)",
+                self.source,
+                self.sample_count,
+                self.sample_count,
+                len(table),
+            )
         return table.select(sample_indices(len(table), self.sample_count, self.seed))
 
     def _read(self, source: str, split: str, config: str | None) -> Table:
