@@ -192,7 +192,10 @@ class GRPOConfig:
     torch_num_threads: int | None = None
 
     # evaluation
-    do_eval: bool = True  # false: no held-out split is loaded and no evaluation runs
+    # null (default): evaluate when the dataset has a held-out split (dataset_test_split or
+    # task_params test_size), else train with evaluation skipped and say so; true: the
+    # held-out split must exist; false: no held-out split is loaded and no evaluation runs
+    do_eval: bool | None = None
     eval_steps: int = 0
     max_eval_samples: int = 200
     per_device_eval_batch_size: int = 32

@@ -10,6 +10,7 @@ always, after ``torch.manual_seed(cfg.seed)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from grpokit import distributed as dist
 from grpokit.batch import MicroBatchPlan
 from grpokit.config import ConfigError, GRPOConfig
+from grpokit.evaluation import held_out_rows
 from grpokit.forward import LogProbs, is_checkpointing
 from grpokit.optim import build_optimizer, build_scheduler
 from grpokit.prompts import PromptSampler
@@ -40,6 +42,7 @@ def build_task(cfg: GRPOConfig):
         system_prompt=cfg.system_prompt,
         seed=cfg.seed,
         dataset_prompt_column=cfg.dataset_prompt_column,
+        train_split=cfg.dataset_train_split,
         **cfg.task_params,
     )
 
@@ -96,8 +99,8 @@ def build_rewards(cfg: GRPOConfig, task, device: torch.device | None = None) -> 
 @dataclass
 class Data:
     task: Any
-    train_rows: list
-    eval_rows: list
+    train_rows: Sequence  # rows made when read (grpokit.tasks.base.SourceRows) or a list
+    eval_rows: Sequence
     sampler: PromptSampler
     prompts_per_rank: int
     total_steps: int
@@ -106,11 +109,7 @@ class Data:
 def build_data(cfg: GRPOConfig, task) -> Data:
     """Training and held-out rows, the seeded prompt order, and the number of steps."""
     train_rows = task.build(cfg.dataset_train_split, limit=cfg.max_train_samples)
-    eval_rows = (
-        task.build(cfg.dataset_test_split, limit=cfg.max_eval_samples)
-        if cfg.do_eval and cfg.max_eval_samples > 0
-        else []
-    )
+    eval_rows = held_out_rows(cfg, task)
     W = dist.world_size()
     if cfg.prompts_per_step % W:
         raise ValueError(f"{cfg.prompts_per_step} prompts per step do not split over {W} processes")

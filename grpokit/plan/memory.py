@@ -83,7 +83,7 @@ def generation_memory(
     three fp32 (sequences, V) rows and the prompt's prefill activations."""
     gen_batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     gen_len = P + C
-    if cfg.do_eval and cfg.max_eval_samples > 0:
+    if cfg.do_eval is not False and cfg.max_eval_samples > 0:
         eval_len = P + (cfg.eval_max_completion_length or C)
         eval_batch = min(cfg.per_device_eval_batch_size, cfg.max_eval_samples)
         if eval_batch * eval_len > gen_batch * gen_len:
