@@ -54,7 +54,8 @@ SCHEDULER_KWARGS = {
     "constant_with_warmup": (),
 }
 # optim: transformers' names grpokit runs (grpokit/optim.py); the 8-bit ones need bitsandbytes
-OPTIMS = ("adamw_torch_fused", "adamw_torch", "adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit")
+OPTIMS_8BIT = ("adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit")
+OPTIMS = ("adamw_torch_fused", "adamw_torch", *OPTIMS_8BIT)
 # transformers' names grpokit refuses, with the nearest accepted one
 OPTIM_ALTERNATIVES = {
     "adamw_torch_8bit": "adamw_8bit (bitsandbytes; torchao's is not supported)",

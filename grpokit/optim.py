@@ -23,11 +23,13 @@ import math
 
 import torch
 
-from grpokit.config import ConfigError
+from grpokit.config import OPTIMS_8BIT, ConfigError
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
+# bitsandbytes' class of each 8-bit name
 EIGHT_BIT = {"adamw_8bit": "AdamW8bit", "adamw_bnb_8bit": "AdamW8bit"}
 EIGHT_BIT["paged_adamw_8bit"] = "PagedAdamW8bit"
+assert set(EIGHT_BIT) == set(OPTIMS_8BIT)
 BNB_INSTALL = "pip install 'grpokit[optim8bit]' (or: pip install bitsandbytes)"
 
 
