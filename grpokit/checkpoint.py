@@ -1,7 +1,8 @@
 """Atomic checkpoints and exact resume.
 
 A checkpoint ``OUTPUT_DIR/checkpoint-N/`` holds the model (a transformers directory, or a
-peft adapter), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` (python, numpy, torch),
+peft adapter), ``optimizer.pt`` (with bf16/fp16 weights also their fp32 master copies, see
+``optim.MasterWeights``), ``scheduler.pt``, ``rng.pt`` (python, numpy, torch),
 ``trainer_state.json`` (step counters, data order and position), ``config.yaml`` and, when
 the reference model has been synced, ``ref_model.pt``. It is written to a hidden temporary
 directory and renamed into place, so a crash leaves either the whole checkpoint or none.
