@@ -177,10 +177,20 @@ RESUME_LOCKED_KEYS = (
 )  # fmt: skip
 
 
+def _optimizer_kind(optim: str | None) -> str:
+    """Optimizers whose checkpointed states load into each other share a kind (a checkpoint
+    from before ``optim`` existed holds torch's AdamW)."""
+    from grpokit.config import OPTIMS_8BIT
+
+    return "8bit" if optim in OPTIMS_8BIT else "adamw"
+
+
 def check_resume_config(saved: dict[str, Any], cfg, ckpt: Path) -> None:
     """Refuse to resume from ``ckpt`` (whose config was ``saved``) when ``cfg`` changes a key
     of ``RESUME_LOCKED_KEYS``, naming each change."""
     diffs = [k for k in RESUME_LOCKED_KEYS if saved.get(k) != getattr(cfg, k)]
+    if _optimizer_kind(saved.get("optim")) != _optimizer_kind(cfg.optim):
+        diffs.append("optim")  # AdamW and 8-bit AdamW states do not load into each other
     if diffs:
         lines = ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(cfg, k)!r}" for k in diffs)
         raise ValueError(

@@ -162,3 +162,16 @@ def test_8bit_training_runs_with_bf16_master_weights(tmp_path, tiny_model_dir):
     # the checkpoint resumes into an 8-bit optimizer
     tr2 = GRPOTrainer(cfg, resume=True)
     assert torch.equal(tr2.optimizer.state[tr2.optimizer.master_params[0]]["state1"], opt.state[emb]["state1"])  # fmt: skip
+
+
+def test_resume_refuses_a_different_optimizer_kind(tmp_path):
+    from pathlib import Path
+
+    from grpokit.checkpoint import check_resume_config
+
+    saved = _cfg(optim="adamw_8bit").to_dict()
+    check_resume_config(saved, _cfg(optim="paged_adamw_8bit"), Path("ckpt"))
+    with pytest.raises(ValueError, match="optim: 'adamw_8bit' -> 'adamw_torch_fused'"):
+        check_resume_config(saved, _cfg(), Path("ckpt"))
+    before_optim = {k: v for k, v in _cfg().to_dict().items() if k != "optim"}
+    check_resume_config(before_optim, _cfg(optim="adamw_torch"), Path("ckpt"))
