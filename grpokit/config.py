@@ -45,6 +45,24 @@ SCHEDULERS = (
     "constant",
     "constant_with_warmup",
 )
+# lr_scheduler_kwargs each schedule uses (transformers' get_scheduler signatures)
+SCHEDULER_KWARGS = {
+    "linear": (),
+    "cosine": ("num_cycles",),
+    "cosine_with_min_lr": ("num_cycles", "min_lr", "min_lr_rate"),
+    "constant": (),
+    "constant_with_warmup": (),
+}
+# optim: transformers' names grpokit runs (grpokit/optim.py); the 8-bit ones need bitsandbytes
+OPTIMS_8BIT = ("adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit")
+OPTIMS = ("adamw_torch_fused", "adamw_torch", *OPTIMS_8BIT)
+# transformers' names grpokit refuses, with the nearest accepted one
+OPTIM_ALTERNATIVES = {
+    "adamw_torch_8bit": "adamw_8bit (bitsandbytes; torchao's is not supported)",
+    "adamw_torch_4bit": "adamw_8bit (bitsandbytes; torchao's 4-bit is not supported)",
+    "paged_adamw_32bit": "adamw_torch_fused",
+    "adamw_hf": "adamw_torch_fused",
+}
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
@@ -178,6 +196,9 @@ class GRPOConfig:
     learning_rate: float = 1e-6
     lr_scheduler_type: str = "linear"
     lr_scheduler_kwargs: dict = field(default_factory=dict)
+    # AdamW kind: adamw_torch_fused, adamw_torch, adamw_8bit (= adamw_bnb_8bit; bitsandbytes),
+    # paged_adamw_8bit. bf16/fp16 trainable weights always get fp32 master weights.
+    optim: str = "adamw_torch_fused"
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -378,11 +399,50 @@ def _check_optimization(c: GRPOConfig) -> None:
         f"lr_scheduler_type={c.lr_scheduler_type!r}: use one of {SCHEDULERS}",
     )
     _check(c.learning_rate > 0, f"learning_rate={c.learning_rate} must be > 0")
+    _check_optim(c.optim)
+    _check_scheduler_kwargs(c)
     _check(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio} must be in [0, 1)")
     _check(c.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 disables clipping)")
     _check(
         c.max_steps > 0 or c.num_train_epochs > 0,
         "set max_steps > 0 or num_train_epochs > 0 so that the run has some length",
+    )
+
+
+def _check_optim(optim: str) -> None:
+    if optim in OPTIM_ALTERNATIVES:
+        raise ConfigError(
+            f"optim={optim!r} is not supported by grpokit; use {OPTIM_ALTERNATIVES[optim]}"
+        )
+    _check(optim in OPTIMS, f"optim={optim!r}: use one of {', '.join(OPTIMS)}")
+
+
+def _check_scheduler_kwargs(c: GRPOConfig) -> None:
+    kw = c.lr_scheduler_kwargs
+    _check(isinstance(kw, dict), f"lr_scheduler_kwargs={kw!r} must be a mapping")
+    accepted = SCHEDULER_KWARGS[c.lr_scheduler_type]
+    unused = [k for k in kw if k not in accepted]
+    _check(
+        not unused,
+        f"lr_scheduler_kwargs {unused} are not used by lr_scheduler_type "
+        f"{c.lr_scheduler_type}; it accepts {list(accepted) or 'none'}",
+    )
+    for k, v in kw.items():
+        _check(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+            f"lr_scheduler_kwargs {k}={v!r} must be a number",
+        )
+    _check(
+        not ("min_lr" in kw and "min_lr_rate" in kw),
+        "lr_scheduler_kwargs: set one of min_lr and min_lr_rate, not both",
+    )
+    _check(kw.get("num_cycles", 0.5) > 0, "lr_scheduler_kwargs num_cycles must be > 0")
+    _check(
+        0 <= kw.get("min_lr_rate", 0.0) <= 1, "lr_scheduler_kwargs min_lr_rate must be in [0, 1]"
+    )
+    _check(
+        0 <= kw.get("min_lr", 0.0) <= c.learning_rate,
+        f"lr_scheduler_kwargs min_lr must be in [0, learning_rate={c.learning_rate}]",
     )
 
 

@@ -21,7 +21,7 @@ from grpokit.batch import MicroBatchPlan
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.evaluation import held_out_rows
 from grpokit.forward import LogProbs, is_checkpointing
-from grpokit.optim import build_optimizer, build_scheduler
+from grpokit.optim import EIGHT_BIT, LOW_PRECISION, build_optimizer, build_scheduler, params_to_clip
 from grpokit.prompts import PromptSampler
 from grpokit.reference import Reference, frozen_copy
 from grpokit.rollout.base import SamplingParams
@@ -246,6 +246,8 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
     params = [p for p in m.model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
+    if strategy.sharded:
+        _check_sharded_optimizer(cfg, params, strategy)
     optimizer = build_optimizer(params, cfg)
     if strategy.sharded:
         m.model, optimizer, m.ref_copy = strategy.prepare(m.model, optimizer, m.ref_copy)
@@ -254,6 +256,7 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
         params = [p for p in m.model.parameters() if p.requires_grad]
     else:
         sparse_tied_embedding_grad(m.model)
+    params = params_to_clip(optimizer, params)  # the fp32 master weights when there are any
     logprobs, gradients = _step_pieces(cfg, m, strategy, device)
     reference = Reference(
         m.model,
@@ -269,6 +272,23 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
     )
     scheduler = build_scheduler(optimizer, cfg, total_steps)
     return Optimization(params, optimizer, scheduler, reference, logprobs, plan, gradients)
+
+
+def _check_sharded_optimizer(cfg, params: list, strategy) -> None:
+    """FSDP and DeepSpeed own the optimizer's sharding: grpokit's fp32 master weights and
+    bitsandbytes' 8-bit AdamW are for unsharded training only."""
+    where = strategy.launch.describe()
+    if any(p.dtype in LOW_PRECISION for p in params):
+        raise ConfigError(
+            f"torch_dtype {cfg.torch_dtype} (bf16/fp16 trainable weights) under {where}: "
+            "grpokit keeps fp32 master weights only without sharding; use torch_dtype: "
+            "float32 with bf16: true, or torchrun / recipes/accelerate/multi_gpu.yaml"
+        )
+    if cfg.optim in EIGHT_BIT:
+        raise ConfigError(
+            f"optim {cfg.optim} under {where} is not supported; use optim: adamw_torch_fused, "
+            "or torchrun / recipes/accelerate/multi_gpu.yaml"
+        )
 
 
 def _step_pieces(cfg, m: Models, strategy, device):
