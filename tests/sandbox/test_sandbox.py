@@ -47,8 +47,8 @@ def test_reward_reads_json_column_and_last_block():
     import json
 
     assert fn(None, [two], verification_info=[json.dumps(INFO)]) == [1.0]
-    with pytest.raises(ValueError, match="Python only"):
-        fn(None, [two], verification_info=[{"language": "cpp", "test_cases": CASES}])
+    with pytest.raises(ValueError, match="language 'rust' is not supported; use python or cpp"):
+        fn(None, [two], verification_info=[{"language": "rust", "test_cases": CASES}])
 
 
 @pytest.mark.skipif(not ROOT, reason="namespaces need root")
@@ -229,7 +229,7 @@ def test_pool_with_loops():
 def test_pool_is_bounded(monkeypatch):
     """Never more sandboxes at once than workers."""
     running, peak, lock = [0], [0], threading.Lock()
-    real = sandbox_run.run_python
+    real = sandbox_run.run_program
 
     def counting(*a, **k):
         with lock:
@@ -242,7 +242,7 @@ def test_pool_is_bounded(monkeypatch):
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(sandbox_run, "run_python", counting)  # what score_many calls
+    monkeypatch.setattr(sandbox_run, "run_program", counting)  # what score_many calls
     score_many([("print(3)", CASES)] * 4, max_workers=2)
     assert peak[0] == 2
 
