@@ -17,6 +17,7 @@ runs outside grpokit's environment. grpokit imports it only for ``SETUP_FAILED``
 
 import os
 import resource
+import signal
 import sys
 
 SETUP_FAILED = 125  # exit status when the sandbox could not be built
@@ -131,6 +132,8 @@ def run_program(a):
             drop_capabilities()
         if a["seccomp"] == "1":
             seccomp()
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; exec keeps that
+            signal.signal(sig, signal.SIG_DFL)
         argv = a["argv"].split(ARGV_SEP)
         os.execve(argv[0], argv, os.environ)
     except BaseException as e:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from grpokit.sandbox.child import Limits, Program, Result, python_program, run_child
 from grpokit.sandbox.cpp import (
+    COMPILE_CPU_SECONDS,
     COMPILE_MEMORY_MB,
     COMPILE_OUTPUT_BYTES,
     COMPILE_TIMEOUT,
@@ -41,10 +42,11 @@ def _limits(timeout=5.0, cpu_seconds=None, memory_mb=512, max_output_bytes=1_000
 
 
 def compile_limits(run: Limits, timeout: float, memory_mb: int) -> Limits:
-    """The compiler's limits: the run's, with its own clock, memory and output cap."""
+    """The compiler's limits: the run's, with its own clock (CPU: the wall clock, at most
+    ``COMPILE_CPU_SECONDS``), memory and output cap."""
     return Limits(
         timeout=timeout,
-        cpu_seconds=max(1, math.ceil(timeout)),
+        cpu_seconds=max(1, min(COMPILE_CPU_SECONDS, math.ceil(timeout))),
         memory_mb=memory_mb,
         max_output_bytes=COMPILE_OUTPUT_BYTES,
         max_file_mb=run.max_file_mb,
