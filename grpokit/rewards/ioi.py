@@ -46,7 +46,7 @@ COLUMNS = ("id", "subtask", "score", "score_precision", "test_names", "grader_fi
 
 
 @dataclass
-class TestResult:
+class CaseResult:
     name: str
     score: float = 0.0
     status: str = "SKIPPED"
@@ -59,7 +59,7 @@ class SubtaskResult:
     subtask: str
     points: float
     score_precision: int
-    tests: list[TestResult] = field(default_factory=list)
+    tests: list[CaseResult] = field(default_factory=list)
 
     @property
     def score(self) -> float:
@@ -201,16 +201,16 @@ def score_subtask(
     cache: dict | None = None,
 ) -> SubtaskResult:
     """One subtask row's result for a compiled (or failed) submission. ``cache`` (test name
-    -> TestResult) shares tests between the subtasks of one problem."""
+    -> CaseResult) shares tests between the subtasks of one problem."""
     names = list(row.get("test_names") or [])
     precision = row.get("score_precision")
     res = SubtaskResult(str(row["id"]), str(row.get("subtask")), float(row.get("score") or 0),
                         2 if precision is None else int(precision))  # fmt: skip
     cache = {} if cache is None else cache
-    res.tests = [cache.get(n) or TestResult(n) for n in names]
+    res.tests = [cache.get(n) or CaseResult(n) for n in names]
     if sub.program is None:
         if sub.error != "no code":  # open-r1 skips rows without code; a failed compile is CE
-            res.tests = [TestResult(n, 0.0, "CE", "Compilation error: " + sub.error) for n in names]
+            res.tests = [CaseResult(n, 0.0, "CE", "Compilation error: " + sub.error) for n in names]
         return res
     if any(t.status != "SKIPPED" and t.score == 0.0 for t in res.tests):
         return res  # a test already failed in another subtask
@@ -222,7 +222,7 @@ def score_subtask(
             idx = todo[start : start + batch]
             runs = ex.map(lambda i: judge(sub.program, *tests[names[i]], limits), idx)
             for i, (score, status, feedback) in zip(idx, runs):
-                res.tests[i] = cache[names[i]] = TestResult(names[i], score, status, feedback)
+                res.tests[i] = cache[names[i]] = CaseResult(names[i], score, status, feedback)
             if any(res.tests[i].score == 0.0 for i in idx):
                 break
     return res

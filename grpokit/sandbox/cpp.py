@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import shlex
 import shutil
 from dataclasses import dataclass
 
 from grpokit.sandbox.child import Limits, Program, Result, run_child
+from grpokit.sandbox.levels import SandboxError
 
 CXX = shutil.which("g++") or "/usr/bin/g++"
 CXX_FLAGS = ("-std=gnu++17", "-O2", "-pipe", "-fmax-errors=20")
@@ -67,6 +69,8 @@ def compile_cpp(
 ) -> Compiled:
     """Compile ``code`` (prog.cpp) with the ``.cpp`` files of ``extra_files`` (name ->
     text: graders, headers) under the (resolved) level ``mode`` and ``limits``."""
+    if not os.access(CXX, os.X_OK):  # else every program would score 0 as a compile error
+        raise SandboxError(f"C++ needs g++, not found at {CXX}: install it (apt install g++)")
     files = {"prog.cpp": (code.encode(), 0o644)}
     for name, text in (extra_files or {}).items():
         if name in files or name == BINARY:

@@ -14,6 +14,9 @@ import pytest
 
 from grpokit.rewards import get_reward_funcs
 from grpokit.rewards.ioi import (
+    CaseResult,
+    Submission,
+    SubtaskResult,
     compile_submission,
     score_problem,
     score_subtask,
@@ -134,3 +137,13 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="1 test_cases for 3 test_names"):
         fn(prompts=["p"], completions=[P.completion("int count_evens(vector<int> a){return 0;}")],
            **{k: [v] for k, v in bad.items()})  # fmt: skip
+
+
+def test_rounding_and_no_code():
+    row = dict(ROWS["evens"][0], score_precision=0, score=7)
+    res = score_subtask(row, Submission(None, "no code"))  # nothing runs
+    assert res.score_precision == 0 and res.status == "SKIPPED" and res.score == 0.0
+    part = SubtaskResult("p", "s", 7.0, 0, [CaseResult("a", 0.6, "PA"), CaseResult("b", 1.0)])
+    assert (part.score, part.weighted_score) == (round(0.6), round(0.6 * 7))
+    part.score_precision = 2
+    assert (part.score, part.weighted_score) == (0.6, 4.2)

@@ -211,3 +211,17 @@ def test_non_root_levels(hostile, level):
     finally:
         F.kill_uid(uid)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_missing_compiler_is_an_error_not_a_zero(monkeypatch):
+    from grpokit.sandbox import SandboxError
+    from grpokit.sandbox import cpp as sandbox_cpp
+
+    monkeypatch.setattr(sandbox_cpp, "CXX", "/nonexistent/g++")
+    with pytest.raises(
+        SandboxError, match="C\\+\\+ needs g\\+\\+, not found at /nonexistent/g\\+\\+"
+    ):
+        compile_program(GOOD)
+    fn = get_reward_funcs(["code"])[0]
+    with pytest.raises(SandboxError, match="install it"):
+        fn(None, [cpp_completion(GOOD)], verification_info=[CPP_INFO])
