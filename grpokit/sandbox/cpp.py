@@ -26,7 +26,7 @@ CXX_FLAGS = ("-std=gnu++17", "-O2", "-pipe", "-fmax-errors=20")
 COMPILE_TIMEOUT = 60.0  # wall-clock seconds: <bits/stdc++.h> at -O2 took 3 s of CPU, 10 s of
 # wall clock at load 8 on this 2-core machine
 COMPILE_CPU_SECONDS = 20  # CPU seconds per compiler process (at most the wall clock)
-COMPILE_MEMORY_MB = 1024  # cc1plus on <bits/stdc++.h> at -O2 needs ~300 MB of address space
+COMPILE_MEMORY_MB = 1024  # cc1plus on <bits/stdc++.h> at -O2: ~200 MB resident here
 COMPILE_OUTPUT_BYTES = 16_000_000  # the binary (base64) and the diagnostics, each
 BINARY = "prog"
 
