@@ -258,3 +258,18 @@ def test_code_task_splits_and_grader():
     row = next(r for r in train + test if r["id"] == "code-00")
     good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     assert task.is_correct(good, row) and not task.is_correct("print(3)", row)
+
+
+def test_binary_code_threshold_is_open_r1s():
+    """binary_code is 1.0 above a 0.99 pass rate (open-r1), not only at 1.0: 100 of 101."""
+    from grpokit.rewards.code import binary_score
+
+    cases = [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(101)]
+    wrong_once = "```python\ns = input()\nprint('x' if s == '0' else s)\n```"
+    info = {"language": "python", "test_cases": cases}
+    rate = get_reward_funcs(["code"])[0](None, [wrong_once], verification_info=[info])
+    assert rate == [100 / 101]
+    assert get_reward_funcs(["binary_code"])[0](None, [wrong_once], verification_info=[info]) == [
+        1.0
+    ]
+    assert [binary_score(r) for r in (0.99, 0.9901, 1.0, 0.5)] == [0.0, 1.0, 1.0, 0.0]
