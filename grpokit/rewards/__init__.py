@@ -27,6 +27,7 @@ from grpokit.rewards import arithmetic as _arithmetic  # noqa: F401  (registers 
 from grpokit.rewards import builtin as _builtin  # noqa: F401
 from grpokit.rewards import code as _code  # noqa: F401
 from grpokit.rewards import countdown as _countdown  # noqa: F401
+from grpokit.rewards import ioi as _ioi  # noqa: F401
 from grpokit.rewards import openr1 as _openr1  # noqa: F401
 from grpokit.rewards import reward_model as _reward_model
 from grpokit.rewards.plugins import load_plugin, make_class_reward

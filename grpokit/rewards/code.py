@@ -1,7 +1,10 @@
-"""Code rewards: run the LAST ```python block of a completion against stdin/stdout cases in
-grpokit.sandbox (docs/sandbox.md). Columns: ``verification_info`` (open-r1's layout,
-``{"language": "python", "test_cases": [{"input": ..., "output": ...}, ...]}``, a dict or
-its JSON string)."""
+"""Code rewards (open-r1's ``code`` and ``binary_code``): run the LAST fenced block of a
+completion in its row's language against stdin/stdout cases in grpokit.sandbox
+(docs/sandbox.md). Column: ``verification_info`` (open-r1's layout, ``{"language":
+"python" | "cpp", "test_cases": [{"input": ..., "output": ...}, ...]}``, a dict or its JSON
+string; no ``language`` means Python). Python runs the last ```` ```python ```` block; C++
+(``cpp``, ``c++``) the last ```` ```cpp ```` (or ```` ```c++ ````) block, compiled with
+``g++`` inside the sandbox once per completion."""
 
 from __future__ import annotations
 
@@ -10,14 +13,41 @@ import re
 
 from grpokit.rewards.registry import register_reward
 from grpokit.rewards.text import completion_text
-from grpokit.sandbox import score_many
+from grpokit.sandbox import language_of, score_many
+from grpokit.sandbox.cpp import COMPILE_TIMEOUT
 
-_BLOCK = re.compile(r"```python[ \t]*\r?\n(.*?)```", re.DOTALL)
+# the fence tags each language's block may carry (open-r1 writes ```python / ```cpp)
+FENCES = {"python": ("python",), "cpp": ("cpp", "c++")}
+_BLOCKS = {
+    lang: re.compile(
+        rf"```(?:{'|'.join(re.escape(t) for t in tags)})[ \t]*\r?\n(.*?)```", re.DOTALL
+    )
+    for lang, tags in FENCES.items()
+}
+BINARY_THRESHOLD = 0.99  # open-r1's binary_code: a pass rate above this counts as solved
 
 
-def extract_code(completion) -> str | None:
-    found = _BLOCK.findall(completion_text(completion))
+def extract_code(completion, language: str = "python") -> str | None:
+    """The last fenced block of ``language`` (python, cpp / c++) in a completion, or None."""
+    found = _BLOCKS[language_of(language)].findall(completion_text(completion))
     return found[-1] if found else None
+
+
+def binary_score(pass_rate: float) -> float:
+    """open-r1's ``binary_code``: 1.0 when the pass rate is above 0.99, else 0.0."""
+    return 1.0 if pass_rate > BINARY_THRESHOLD else 0.0
+
+
+def parse_info(info) -> tuple[str, list[dict]]:
+    """(language, test cases) of one ``verification_info`` value (dict or JSON string)."""
+    if isinstance(info, str):
+        info = json.loads(info)
+    if not isinstance(info, dict):
+        raise ValueError(
+            f"code reward: verification_info must be a dict or its JSON string, got "
+            f"{type(info).__name__}"
+        )
+    return language_of(info.get("language") or "python"), list(info.get("test_cases") or [])
 
 
 def code_scores(
@@ -27,25 +57,34 @@ def code_scores(
     memory_mb: int = 512,
     workers: int | None = None,
     isolation: str | None = None,
+    compile_timeout: float = COMPILE_TIMEOUT,
 ) -> list[float]:
-    """Fraction of its row's test cases each completion's last ```python block passes (0.0
-    without a block); the ``code`` reward, and the ``code`` task's grader (== 1.0)."""
+    """Fraction of its row's test cases each completion's last block (in the row's language)
+    passes, 0.0 without a block or when C++ does not compile; the ``code`` reward, and the
+    ``code`` task's grader (through ``binary_score``)."""
     jobs, idx = [], []
     out = [0.0] * len(completions)
     for i, (c, info) in enumerate(zip(completions, verification_info)):
-        if isinstance(info, str):
-            info = json.loads(info)
-        language = info.get("language", "python")
-        if language != "python":
-            raise ValueError(f"code reward runs Python only, this row asks for {language!r}")
-        code = extract_code(c)
+        language, cases = parse_info(info)
+        code = extract_code(c, language)
         if code is not None:
-            jobs.append((code, info.get("test_cases", [])))
+            jobs.append((code, cases, language))
             idx.append(i)
     limits = {"timeout": timeout, "memory_mb": memory_mb, "isolation": isolation}
-    for i, s in zip(idx, score_many(jobs, max_workers=workers, **limits)):
+    scores = score_many(jobs, max_workers=workers, compile_timeout=compile_timeout, **limits)
+    for i, s in zip(idx, scores):
         out[i] = s
     return out
+
+
+def _limits(timeout, memory_mb, workers, isolation, compile_timeout) -> dict:
+    return {
+        "timeout": timeout,
+        "memory_mb": memory_mb,
+        "workers": workers,
+        "isolation": isolation,
+        "compile_timeout": compile_timeout,
+    }
 
 
 @register_reward("code", factory=True)
@@ -54,16 +93,13 @@ def code(
     memory_mb: int = 512,
     workers: int | None = None,
     isolation: str | None = None,
+    compile_timeout: float = COMPILE_TIMEOUT,
 ):
     """Fraction of test cases passed. ``timeout``: wall-clock seconds per case (also the CPU
     limit); ``memory_mb``: address space; ``workers``: parallel sandboxes (default: CPUs, at
-    most 8); ``isolation``: auto / namespaces / uid / none (docs/sandbox.md)."""
-    limits = {
-        "timeout": timeout,
-        "memory_mb": memory_mb,
-        "workers": workers,
-        "isolation": isolation,
-    }
+    most 8); ``isolation``: auto / namespaces / uid / none (docs/sandbox.md);
+    ``compile_timeout``: wall-clock seconds for g++ on a C++ row."""
+    limits = _limits(timeout, memory_mb, workers, isolation, compile_timeout)
 
     def code(prompts, completions, verification_info, **kwargs) -> list[float]:
         return code_scores(completions, verification_info, **limits)
@@ -77,17 +113,14 @@ def binary_code(
     memory_mb: int = 512,
     workers: int | None = None,
     isolation: str | None = None,
+    compile_timeout: float = COMPILE_TIMEOUT,
 ):
-    """1.0 when every test case passes, else 0.0; parameters as ``code``."""
-    limits = {
-        "timeout": timeout,
-        "memory_mb": memory_mb,
-        "workers": workers,
-        "isolation": isolation,
-    }
+    """1.0 when more than 99% of the test cases pass (open-r1's threshold), else 0.0;
+    parameters as ``code``."""
+    limits = _limits(timeout, memory_mb, workers, isolation, compile_timeout)
 
     def binary_code(prompts, completions, verification_info, **kwargs) -> list[float]:
         scores = code_scores(completions, verification_info, **limits)
-        return [1.0 if s == 1.0 else 0.0 for s in scores]
+        return [binary_score(s) for s in scores]
 
     return binary_code

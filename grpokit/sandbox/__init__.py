@@ -1,4 +1,8 @@
-"""Run untrusted Python (model-written code) with hard limits. See docs/sandbox.md.
+"""Run untrusted Python and C++ (model-written code) with hard limits. See docs/sandbox.md.
+
+C++ (``run_cpp``, ``compile_program`` + ``run_binary``, ``score_many`` with language
+``cpp``): ``g++`` itself runs inside the sandbox under the same level and limits (its own
+clock and memory), and the binary runs in a fresh sandbox per test case.
 
 Four isolation levels, chosen by ``isolation=`` or ``GRPOKIT_SANDBOX_ISOLATION``
 (``auto`` picks the strongest that works on this machine, after one probe run):
@@ -37,15 +41,42 @@ run left), ``uids`` (the dedicated uids), ``files`` (staging directory, temp-dir
 ``run`` (the run API below). Standard library only: importing this package is instant.
 """
 
-from grpokit.sandbox.child import Limits, Result
+from grpokit.sandbox.child import Limits, Program, Result, python_program
+from grpokit.sandbox.cpp import CXX, CXX_FLAGS, Compiled, binary_program
 from grpokit.sandbox.hidden import HIDE_ALWAYS, SYSTEM_DIRS, hide_paths
 from grpokit.sandbox.isolation import resolve_isolation, sandbox_info
 from grpokit.sandbox.launcher import SETUP_FAILED
 from grpokit.sandbox.levels import ISOLATIONS, NS_LEVELS, PYTHON, SandboxError
-from grpokit.sandbox.run import case_passes, default_workers, run_python, run_tests, score_many
+from grpokit.sandbox.run import (
+    LANGUAGES,
+    case_passes,
+    compile_program,
+    default_workers,
+    language_of,
+    output_matches,
+    run_binary,
+    run_cpp,
+    run_program,
+    run_python,
+    run_tests,
+    score_many,
+)
 from grpokit.sandbox.uids import UID_BASE, UID_COUNT, sandbox_processes
 
 __all__ = [
+    "CXX",
+    "CXX_FLAGS",
+    "LANGUAGES",
+    "Compiled",
+    "Program",
+    "binary_program",
+    "compile_program",
+    "language_of",
+    "output_matches",
+    "python_program",
+    "run_binary",
+    "run_cpp",
+    "run_program",
     "HIDE_ALWAYS",
     "ISOLATIONS",
     "NS_LEVELS",

@@ -1,6 +1,8 @@
-"""One sandboxed run under a given level: stage the program, start the launcher (inside
-``unshare`` for the namespace levels), pump its pipes against the clock and the output cap,
-stop whatever is left, and clean up its uid and files."""
+"""One sandboxed run under a given level: stage the program's files, start the launcher
+(inside ``unshare`` for the namespace levels), pump its pipes against the clock and the
+output cap, stop whatever is left, and clean up its uid and files. A ``Program`` is what
+runs: files for its working directory and the command (``python_program``: a Python source
+run by the system interpreter; ``grpokit.sandbox.cpp`` builds the C++ ones)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from grpokit.sandbox.files import remove_files_of, rmtree, stage_root
 from grpokit.sandbox.hidden import hide_paths
-from grpokit.sandbox.launcher import SETUP_FAILED, SETUP_TAG
+from grpokit.sandbox.launcher import ARGV_SEP, SETUP_FAILED, SETUP_TAG
 from grpokit.sandbox.levels import (
     AS_CALLER,
     NS_LEVELS,
@@ -43,6 +45,20 @@ class Result:
     killed_reason: str | None  # "timeout", "output", a signal name, "setup", or None
     wall_time: float
     isolation: str = ""
+
+
+@dataclass(frozen=True)
+class Program:
+    """What one run executes: ``files`` (name -> content, mode) staged in its working
+    directory, and ``argv`` run there (a relative ``./name`` is one of the files)."""
+
+    files: dict[str, tuple[bytes, int]]
+    argv: tuple[str, ...]
+
+
+def python_program(code: str) -> Program:
+    """``code`` as prog.py, run by the system interpreter (-I -S -B: no site, no env)."""
+    return Program({"prog.py": (code.encode(), 0o644)}, (PYTHON, "-I", "-S", "-B", "prog.py"))
 
 
 @dataclass(frozen=True)
@@ -80,12 +96,17 @@ def user_tasks() -> int:
     return n
 
 
-def launcher_command(mode: str, stage: str, uid: int, nproc: int, lim: Limits) -> list[str]:
-    """The command that runs ``stage``/prog.py under ``mode`` as ``uid`` (-1: the caller)."""
+def launcher_command(
+    mode: str, stage: str, argv: tuple[str, ...], uid: int, nproc: int, lim: Limits
+) -> list[str]:
+    """The command that runs ``argv`` on the files in ``stage`` under ``mode`` as ``uid``
+    (-1: the caller)."""
+    if any(ARGV_SEP in w or "\0" in w for w in argv):
+        raise ValueError("sandbox: a word of the command holds a separator character")
     args = {
         "mode": mode,
-        "python": PYTHON,
-        "prog": os.path.join(stage, "prog.py"),
+        "stage": stage,
+        "argv": ARGV_SEP.join(argv),
         "uid": uid,
         "cpu": lim.cpu,
         "as": lim.memory_mb * 2**20,
@@ -131,15 +152,28 @@ def outcome(mode: str, p: subprocess.Popen, err: bytes, reason: str | None):
     return rc, reason
 
 
-def run_child(mode: str, code: str, stdin: str, lim: Limits) -> Result:
-    """Run ``code`` with ``stdin`` under the (already resolved) level ``mode``."""
+def stage_files(stage: str, files: dict[str, tuple[bytes, int]]) -> None:
+    """Write a run's files (plain names only) into its fresh staging directory."""
+    for name, (data, perm) in files.items():
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"sandbox: staged file name {name!r} must be a plain name")
+        path = os.path.join(stage, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, perm), "wb") as f:
+            f.write(data)
+        os.chmod(path, perm)  # whatever the umask
+
+
+def run_child(mode: str, program: Program | str, stdin: str, lim: Limits) -> Result:
+    """Run ``program`` (a ``Program``, or Python source) with ``stdin`` under the (already
+    resolved) level ``mode``."""
     if mode in AS_CALLER and is_root():
         raise SandboxError(f"isolation {mode!r} refused as root: the program would run as root")
+    if isinstance(program, str):
+        program = python_program(program)
     stage = tempfile.mkdtemp(prefix="grpokit-sbx-", dir=stage_root())
     lease = p = None
     try:
-        with open(os.path.join(stage, "prog.py"), "w") as f:
-            f.write(code)
+        stage_files(stage, program.files)
         if mode in AS_CALLER:  # RLIMIT_NPROC counts all of the user's tasks
             uid, nproc = -1, user_tasks() + lim.max_procs
         else:
@@ -147,7 +181,7 @@ def run_child(mode: str, code: str, stdin: str, lim: Limits) -> Result:
             uid, nproc = lease.uid, lim.max_procs
             if mode == "uid":
                 os.chown(stage, uid, uid)
-        cmd = launcher_command(mode, stage, uid, nproc, lim)
+        cmd = launcher_command(mode, stage, program.argv, uid, nproc, lim)
         t0 = time.monotonic()
         p = subprocess.Popen(
             cmd,

@@ -1,11 +1,14 @@
 """The program that builds the sandbox, run by path in the child (never imported there):
 
-    python3 -I -S launcher.py mode=... uid=... prog=... cpu=... as=... ... hide=...
+    python3 -I -S launcher.py mode=... uid=... stage=... argv=... cpu=... as=... ... hide=...
 
-In the namespace levels it is pid 1 (root) of the new namespaces: it makes every mount
-read-only, covers the hidden directories, mounts a private /tmp and /dev/shm, forks the
-program and waits for it; its exit takes every other process of the namespace with it. In
-the other levels it sets the limits and execs the program.
+``stage`` is the directory holding the run's files (a Python program, a C++ source, a
+compiled binary); ``argv`` the command to run there, its words joined by ``ARGV_SEP``. In the
+namespace levels it is pid 1 (root) of the new namespaces: it reads the staged files, makes
+every mount read-only, covers the hidden directories, mounts a private /tmp and /dev/shm,
+copies the files into that /tmp, forks the command and waits for it; its exit takes every
+other process of the namespace with it. In the other levels the stage is the working
+directory: it sets the limits and execs the command.
 
 Standard library only, and readable by the system ``python3`` of any supported version: it
 runs outside grpokit's environment. grpokit imports it only for ``SETUP_FAILED`` and
@@ -14,10 +17,12 @@ runs outside grpokit's environment. grpokit imports it only for ``SETUP_FAILED``
 
 import os
 import resource
+import signal
 import sys
 
 SETUP_FAILED = 125  # exit status when the sandbox could not be built
 SETUP_TAG = "grpokit-sandbox: setup failed"
+ARGV_SEP = "\x1f"  # between the words of argv=
 LIMITS = ("CPU", "AS", "FSIZE", "NPROC", "CORE", "NOFILE")
 
 # Denied syscalls (EPERM), by architecture: kill tkill tgkill rt_sigqueueinfo
@@ -127,8 +132,10 @@ def run_program(a):
             drop_capabilities()
         if a["seccomp"] == "1":
             seccomp()
-        py = a["python"]
-        os.execve(py, [py, "-I", "-S", "-B", "prog.py"], os.environ)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; exec keeps that
+            signal.signal(sig, signal.SIG_DFL)
+        argv = a["argv"].split(ARGV_SEP)
+        os.execve(argv[0], argv, os.environ)
     except BaseException as e:
         fail(repr(e))
 
@@ -175,11 +182,20 @@ def remount_read_only(mount):
                 raise
 
 
+def read_stage(stage):
+    """The staged files as (name, mode, bytes), read before the host's /tmp is covered."""
+    files = []
+    for name in sorted(os.listdir(stage)):
+        path = os.path.join(stage, name)
+        with open(path, "rb") as f:
+            files.append((name, os.stat(path).st_mode & 0o755, f.read()))
+    return files
+
+
 def build_namespace(a):
     """Mounts of the new mount namespace; leaves the program in a private /tmp."""
     mount = mounter()
-    with open(a["prog"], "rb") as f:
-        code = f.read()
+    files = read_stage(a["stage"])
     mount(None, "/", None, (1 << 14) | (1 << 18))  # MS_REC | MS_PRIVATE
     mount(b"proc", "/proc", b"proc", NOSUID | NODEV | NOEXEC)
     remount_read_only(mount)
@@ -191,8 +207,10 @@ def build_namespace(a):
     if os.path.isdir("/dev/shm"):  # private, for multiprocessing's semaphores
         opts = f"size={a['disk']}m,mode=1777"
         mount(b"none", "/dev/shm", b"tmpfs", NOSUID | NODEV | NOEXEC, opts.encode())
-    with open("/tmp/prog.py", "wb") as f:
-        f.write(code)
+    for name, mode, data in files:
+        fd = os.open(os.path.join("/tmp", name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with open(fd, "wb") as f:
+            f.write(data)
     os.chdir("/tmp")
 
 

@@ -1,8 +1,8 @@
 """Code task: ~30 short stdin/stdout programming problems written for grpokit, graded by
 running the completion's last ```python block in grpokit.sandbox (see docs/sandbox.md).
 
-Grader: the ``code`` reward's own score (``grpokit.rewards.code.code_scores``, default
-limits) is 1.0, i.e. the ``binary_code`` reward; ``is_formatted``: there is a ```python
+Grader: the ``binary_code`` reward's rule on the ``code`` reward's own score
+(``grpokit.rewards.code.code_scores``, default limits): a pass rate above 0.99; ``is_formatted``: there is a ```python
 block."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from grpokit.rewards.code import code_scores, extract_code
+from grpokit.rewards.code import binary_score, code_scores, extract_code
 from grpokit.tasks.base import SPLITS, Task, TaskDataError, holdout
 
 DATA = Path(__file__).parent / "data" / "code_problems.jsonl"
@@ -40,7 +40,7 @@ class CodeTask(Task):
         return row["problem"]
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
-        return code_scores([completion], [row["verification_info"]])[0] == 1.0
+        return binary_score(code_scores([completion], [row["verification_info"]])[0]) == 1.0
 
     def is_formatted(self, completion: str) -> bool:
         return extract_code(completion) is not None

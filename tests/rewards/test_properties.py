@@ -12,7 +12,7 @@ BUILTINS = [
     n for n in registered_rewards() if lookup(n)[0].__module__.startswith("grpokit.rewards")
 ]
 MATH_VERIFY = {"accuracy", "length", "cosine"}
-SANDBOX = {"code", "binary_code"}  # run programs in subprocesses: tested in tests/test_sandbox.py
+SANDBOX = {"code", "binary_code", "ioi_code"}  # run programs: tested in tests/sandbox, test_ioi.py
 FUNCS = {n: get_reward_funcs([n])[0] for n in BUILTINS}
 
 TAGGY = st.sampled_from(

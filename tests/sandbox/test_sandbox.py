@@ -47,8 +47,8 @@ def test_reward_reads_json_column_and_last_block():
     import json
 
     assert fn(None, [two], verification_info=[json.dumps(INFO)]) == [1.0]
-    with pytest.raises(ValueError, match="Python only"):
-        fn(None, [two], verification_info=[{"language": "cpp", "test_cases": CASES}])
+    with pytest.raises(ValueError, match="language 'rust' is not supported; use python or cpp"):
+        fn(None, [two], verification_info=[{"language": "rust", "test_cases": CASES}])
 
 
 @pytest.mark.skipif(not ROOT, reason="namespaces need root")
@@ -229,7 +229,7 @@ def test_pool_with_loops():
 def test_pool_is_bounded(monkeypatch):
     """Never more sandboxes at once than workers."""
     running, peak, lock = [0], [0], threading.Lock()
-    real = sandbox_run.run_python
+    real = sandbox_run.run_program
 
     def counting(*a, **k):
         with lock:
@@ -242,7 +242,7 @@ def test_pool_is_bounded(monkeypatch):
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(sandbox_run, "run_python", counting)  # what score_many calls
+    monkeypatch.setattr(sandbox_run, "run_program", counting)  # what score_many calls
     score_many([("print(3)", CASES)] * 4, max_workers=2)
     assert peak[0] == 2
 
@@ -258,3 +258,18 @@ def test_code_task_splits_and_grader():
     row = next(r for r in train + test if r["id"] == "code-00")
     good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     assert task.is_correct(good, row) and not task.is_correct("print(3)", row)
+
+
+def test_binary_code_threshold_is_open_r1s():
+    """binary_code is 1.0 above a 0.99 pass rate (open-r1), not only at 1.0: 100 of 101."""
+    from grpokit.rewards.code import binary_score
+
+    cases = [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(101)]
+    wrong_once = "```python\ns = input()\nprint('x' if s == '0' else s)\n```"
+    info = {"language": "python", "test_cases": cases}
+    rate = get_reward_funcs(["code"])[0](None, [wrong_once], verification_info=[info])
+    assert rate == [100 / 101]
+    assert get_reward_funcs(["binary_code"])[0](None, [wrong_once], verification_info=[info]) == [
+        1.0
+    ]
+    assert [binary_score(r) for r in (0.99, 0.9901, 1.0, 0.5)] == [0.0, 1.0, 1.0, 0.0]

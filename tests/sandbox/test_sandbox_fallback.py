@@ -88,12 +88,14 @@ import grpokit.sandbox as sbx
 job = json.load(sys.stdin)
 level = job["isolation"]
 out = {"auto": sbx.resolve_isolation(), "info": sbx.sandbox_info(level), "scores": {}, "results": {}}
-jobs = [(code, [job["case"]]) for code in job["programs"].values()]
+lang = job.get("language", "python")
+jobs = [(code, [job["case"]], lang) for code in job["programs"].values()]
 scores = sbx.score_many(jobs, timeout=job["timeout"], isolation=level)
 out["scores"] = dict(zip(job["programs"], scores))
+run = sbx.run_cpp if lang == "cpp" else sbx.run_python
 for name in job["detail"]:
-    r = sbx.run_python(job["programs"][name], job["case"]["input"], timeout=job["timeout"],
-                       isolation=level)
+    r = run(job["programs"][name], job["case"]["input"], timeout=job["timeout"],
+            isolation=level)
     out["results"][name] = [r.returncode, r.killed_reason, r.stdout[-300:], r.stderr[-300:]]
 print(json.dumps(out))
 """
