@@ -129,6 +129,7 @@ class GRPOConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float | None = None  # keep tokens with p >= min_p * max p (TRL, transformers)
     repetition_penalty: float = 1.0
     generation_loop: str = "grpokit"  # grpokit's decode loop, or "hf" (transformers' generate)
     fused_logprobs: bool = True  # output layer + log-softmax by token chunks (see trainer)
@@ -295,6 +296,14 @@ def _check_generation(c: GRPOConfig) -> None:
     _check(c.temperature > 0, f"temperature={c.temperature} must be > 0 (sampling needs it)")
     _check(0 < c.top_p <= 1, f"top_p={c.top_p} must be in (0, 1]")
     _check(c.top_k is None or c.top_k >= 0, f"top_k={c.top_k} must be >= 0 (0 or null: off)")
+    _check(
+        c.min_p is None or 0 <= c.min_p <= 1,
+        f"min_p={c.min_p} must be in [0, 1] (0 or null: off; 0.05-0.1 is usual)",
+    )
+    _check(
+        c.repetition_penalty > 0,
+        f"repetition_penalty={c.repetition_penalty} must be > 0 (1.0: off)",
+    )
     _check(c.max_completion_length >= 1, "max_completion_length must be >= 1")
     _check(
         c.max_prompt_length is None or c.max_prompt_length >= 1,

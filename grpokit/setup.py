@@ -172,6 +172,7 @@ def build_engines(cfg: GRPOConfig, m: Models, strategy):
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
+        min_p=cfg.min_p,
         repetition_penalty=cfg.repetition_penalty,
     )
     return engine, eval_engine, sampling

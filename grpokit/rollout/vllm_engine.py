@@ -76,7 +76,12 @@ def vllm_sampling_params(params: SamplingParams, eos_ids: list[int], seed: int |
     if params.greedy:
         kw.update(temperature=0.0)
     else:
-        kw.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0)
+        kw.update(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k or 0,
+            min_p=params.min_p or 0.0,
+        )
     return VSP(**kw)
 
 
@@ -454,6 +459,7 @@ class VLLMServerEngine:
                 "temperature": params.temperature,
                 "top_p": params.top_p,
                 "top_k": params.top_k,
+                "min_p": params.min_p,
                 "repetition_penalty": params.repetition_penalty,
                 "greedy": params.greedy,
                 "min_new_tokens": params.min_new_tokens,
