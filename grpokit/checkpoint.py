@@ -168,7 +168,7 @@ def load_trainer_files(ckpt: Path) -> dict[str, Any]:
 
 # Keys that change what training means: a resume with a different value is refused.
 RESUME_LOCKED_KEYS = (
-    "model_name_or_path", "task", "task_params", "dataset_name", "dataset_config",
+    "model_name_or_path", "model_revision", "task", "task_params", "dataset_name", "dataset_config",
     "dataset_train_split", "max_train_samples", "num_generations", "per_device_train_batch_size",
     "gradient_accumulation_steps", "num_iterations", "use_peft", "lora_r", "lora_alpha",
     "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",

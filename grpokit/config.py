@@ -46,6 +46,7 @@ SCHEDULERS = (
     "constant_with_warmup",
 )
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
@@ -67,8 +68,6 @@ IGNORED_KEYS = {
     "dataloader_num_workers": "data is in memory",
     "dataloader_drop_last": "not used",
     "ddp_find_unused_parameters": "not used",
-    "attn_implementation": "transformers picks the attention kernel",
-    "model_revision": "not supported yet; pin with a local directory",
     "use_liger_kernel": "not available on CPU",
     "log_completions_steps": "completions are logged every logging_steps",
     "num_completions_to_print": "see log_completions",
@@ -87,6 +86,10 @@ class GRPOConfig:
 
     # model
     model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    model_revision: str | None = None  # hub branch, tag or commit (None/main: latest)
+    # attention kernel (transformers): eager, sdpa, flash_attention_2/3 (CUDA + flash_attn;
+    # otherwise sdpa, said once), flex_attention; None: transformers' choice (sdpa)
+    attn_implementation: str | None = None
     torch_dtype: str = "float32"
     bf16: bool = False  # mixed precision: fp32 master weights, bf16 autocast for forward passes
     chat_template: str | None = None
@@ -256,6 +259,10 @@ def _check_model(c: GRPOConfig) -> None:
         f"device={c.device!r}: use auto, cpu, cuda or cuda:N",
     )
     _check(c.lora_r >= 1 and c.lora_alpha > 0, "lora_r must be >= 1 and lora_alpha > 0")
+    _check(
+        c.attn_implementation is None or c.attn_implementation in ATTENTION_KERNELS,
+        f"attn_implementation={c.attn_implementation!r}: use one of {ATTENTION_KERNELS} or null",
+    )
 
 
 def _check_objective(c: GRPOConfig) -> None:

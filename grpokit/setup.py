@@ -130,6 +130,9 @@ def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
         gradient_checkpointing=cfg.gradient_checkpointing,
         trust_remote_code=cfg.trust_remote_code,
         chat_template=cfg.chat_template,
+        revision=cfg.model_revision,
+        attn_implementation=cfg.attn_implementation,
+        device_type=device.type,
     )
     model.to(device)
     model.train()
@@ -202,6 +205,7 @@ def _vllm_engine(cfg: GRPOConfig, m: Models):
         m.model,
         m.tokenizer,
         m.source.path,
+        revision=m.source.revision,
         dtype="auto" if dtype == "auto" else dtype,
         max_model_len=max_len,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
