@@ -65,6 +65,54 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def previous_run(output_dir: str | Path) -> list[str]:
+    """What in ``output_dir`` shows an earlier run: checkpoints, metrics, a final model."""
+    d = Path(output_dir)
+    if not d.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in d.iterdir()
+        if p.name.startswith("checkpoint-") or p.name in ("metrics.jsonl", "final")
+    )
+
+
+def prepare_output_dir(output_dir: str | Path, *, resume, overwrite: bool, is_main: bool) -> str:
+    """Check ``output_dir`` before a run starts; a sentence for the console ("" when there is
+    nothing to say). A run there, no ``--resume``: an error unless ``overwrite`` (TRL's
+    ``overwrite_output_dir``), which moves the whole directory aside to
+    ``OUTPUT_DIR.previous-<UTC time>``: nothing is deleted, and the new run's checkpoints
+    and logs never mix with the old ones. Only the main process moves it."""
+    import time
+
+    out = Path(output_dir)
+    found = previous_run(out)
+    if resume or not found:
+        return ""
+    if not overwrite:
+        raise ValueError(
+            f"output_dir {out} already holds a run ({', '.join(found[:3])}); add --resume to "
+            "continue it, set overwrite_output_dir: true to start afresh (the old run is moved "
+            "aside), or choose another --output_dir"
+        )
+    if not is_main:
+        return ""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    aside = out.with_name(f"{out.name}.previous-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = out.with_name(f"{out.name}.previous-{stamp}-{n}")
+    try:
+        out.rename(aside)
+    except OSError as e:
+        raise ValueError(
+            f"overwrite_output_dir: cannot move the earlier run in {out} aside to {aside} "
+            f"({e.strerror}); move it yourself or choose another --output_dir"
+        ) from e
+    return f"overwrite_output_dir: the earlier run in {out} was moved to {aside}"
+
+
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     ckpts = list_checkpoints(output_dir)
     return ckpts[-1] if ckpts else None

@@ -47,6 +47,7 @@ SCHEDULERS = (
 )
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+SAVE_STRATEGIES = ("steps", "epoch", "no")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
@@ -55,11 +56,9 @@ IGNORED_KEYS = {
     "hub_model_id": "grpokit does not upload",
     "hub_strategy": "grpokit does not upload",
     "hub_private_repo": "grpokit does not upload",
-    "overwrite_output_dir": "grpokit never deletes an output_dir; use --resume or a new one",
     "fp16": "use torch_dtype: float16",
     "tf32": "not used on CPU",
     "eval_strategy": "set eval_steps (0 disables periodic evaluation)",
-    "save_strategy": "set save_steps",
     "logging_strategy": "set logging_steps",
     "logging_first_step": "step 1 is always logged",
     "log_level": "not used",
@@ -200,7 +199,11 @@ class GRPOConfig:
 
     # output and logging
     output_dir: str = "outputs/run"
+    # an output_dir that holds a run: false refuses to start (use --resume), true moves the
+    # old run aside to OUTPUT_DIR.previous-<time> (nothing is deleted) and starts afresh
+    overwrite_output_dir: bool = False
     logging_steps: int = 1
+    save_strategy: str = "steps"  # steps (every save_steps), epoch (each pass over the data), no
     save_steps: int = 50
     save_total_limit: int | None = None
     report_to: str | list = "none"
@@ -414,6 +417,15 @@ def _check_logging(c: GRPOConfig) -> None:
         _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
     _check(c.logging_steps >= 1, "logging_steps must be >= 1")
     _check(c.save_steps >= 0, "save_steps must be >= 0 (0: only the final save)")
+    _check(
+        c.save_strategy in SAVE_STRATEGIES,
+        f"save_strategy={c.save_strategy!r}: use steps (every save_steps), epoch or no"
+        + (
+            " (best needs metric_for_best_model, which grpokit does not track)"
+            if c.save_strategy == "best"
+            else ""
+        ),
+    )
     _check(
         c.save_total_limit is None or c.save_total_limit >= 1,
         "save_total_limit must be >= 1 or null",

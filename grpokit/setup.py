@@ -82,6 +82,7 @@ class Data:
     sampler: PromptSampler
     prompts_per_rank: int
     total_steps: int
+    save_every: int  # optimizer steps between checkpoints (0: none before the end)
 
 
 def build_data(cfg: GRPOConfig, task) -> Data:
@@ -100,7 +101,18 @@ def build_data(cfg: GRPOConfig, task) -> Data:
         total = cfg.max_steps
     else:
         total = math.ceil(cfg.num_train_epochs * sampler.batches_per_epoch) * cfg.num_iterations
-    return Data(task, train_rows, eval_rows, sampler, cfg.prompts_per_step // W, total)
+    return Data(
+        task, train_rows, eval_rows, sampler, cfg.prompts_per_step // W, total,
+        save_every=save_every(cfg, sampler.batches_per_epoch),
+    )  # fmt: skip
+
+
+def save_every(cfg: GRPOConfig, batches_per_epoch: int) -> int:
+    """save_strategy in optimizer steps: save_steps; an epoch (every batch of the training
+    prompts once, each batch giving num_iterations steps); or 0 (no checkpoints)."""
+    if cfg.save_strategy == "epoch":
+        return batches_per_epoch * cfg.num_iterations
+    return cfg.save_steps if cfg.save_strategy == "steps" else 0
 
 
 @dataclass

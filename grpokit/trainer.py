@@ -165,7 +165,7 @@ class GRPOTrainer:
                 r = self._evaluate(f"step-{step}", verbose=False)
                 evals = {f"eval/{k}": v for k, v in r.items() if isinstance(v, float)}
                 self.logger.log(step, evals, resumed_from=self.resumed_from)
-            if due(c.save_steps):
+            if due(self.data.save_every):
                 self.save()
             if due(c.report_steps):
                 self.status.write_report(step)
@@ -290,7 +290,7 @@ class GRPOTrainer:
             save_config(c, self.out / "config.yaml")  # the run's resolved config, for its report
 
     def _finish(self, results: dict[str, Any]) -> dict[str, Any]:
-        ckpt = self.save() if self.cfg.save_steps else None
+        ckpt = self.save() if self.data.save_every else None
         final = self._save_final()
         if self.eval_rows:
             results["after"] = self._evaluate("after")
