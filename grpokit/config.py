@@ -62,7 +62,6 @@ IGNORED_KEYS = {
     "logging_strategy": "set logging_steps",
     "logging_first_step": "step 1 is always logged",
     "log_level": "not used",
-    "run_name": "the output_dir names the run",
     "remove_unused_columns": "grpokit passes every dataset column to the rewards",
     "dataloader_num_workers": "data is in memory",
     "dataloader_drop_last": "not used",
@@ -207,6 +206,7 @@ class GRPOConfig:
     save_steps: int = 50
     save_total_limit: int | None = None
     report_to: str | list = "none"
+    run_name: str | None = None  # the trackers' run name; None: the output_dir's name
     log_completions: bool = False
     # report.html (grpokit report) written at the end of the run and every report_steps
     # steps while it runs (0: only at the end); needs matplotlib (the report extra)
@@ -416,6 +416,11 @@ def _check_logging(c: GRPOConfig) -> None:
     for r in reports:
         _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
     _check(c.logging_steps >= 1, "logging_steps must be >= 1")
+    _check(
+        c.run_name is None or (c.run_name.strip() != "" and "/" not in c.run_name),
+        f"run_name={c.run_name!r}: give a non-empty name without '/' (or null: the "
+        "output_dir's name)",
+    )
     _check(c.save_steps >= 0, "save_steps must be >= 0 (0: only the final save)")
     _check(
         c.save_strategy in SAVE_STRATEGIES,
