@@ -468,6 +468,9 @@ def _input_error_label(e: Exception) -> str | None:
         return "model error"
     if tasks is not None and isinstance(e, tasks.TaskDataError):
         return "data error"
+    hub = sys.modules.get("grpokit.hub")
+    if hub is not None and isinstance(e, hub.HubError):
+        return "hub error"
     return None
 
 

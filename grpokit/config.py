@@ -48,14 +48,11 @@ SCHEDULERS = (
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 SAVE_STRATEGIES = ("steps", "epoch", "no")
+HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
 IGNORED_KEYS = {
-    "push_to_hub": "grpokit does not upload; push the final model with huggingface_hub",
-    "hub_model_id": "grpokit does not upload",
-    "hub_strategy": "grpokit does not upload",
-    "hub_private_repo": "grpokit does not upload",
     "fp16": "use torch_dtype: float16",
     "tf32": "not used on CPU",
     "eval_strategy": "set eval_steps (0 disables periodic evaluation)",
@@ -206,6 +203,12 @@ class GRPOConfig:
     save_steps: int = 50
     save_total_limit: int | None = None
     report_to: str | list = "none"
+    # upload to the Hugging Face Hub (grpokit/hub.py); checked before training starts
+    push_to_hub: bool = False
+    hub_model_id: str | None = None  # None: the output_dir's name, in the token's namespace
+    hub_strategy: str = "every_save"  # end, every_save, checkpoint, all_checkpoints
+    hub_private_repo: bool | None = None  # None: the hub's default for the namespace
+    hub_token: str | None = None  # None: HF_TOKEN or the stored login; never written to disk
     run_name: str | None = None  # the trackers' run name; None: the output_dir's name
     log_completions: bool = False
     # report.html (grpokit report) written at the end of the run and every report_steps
@@ -236,7 +239,10 @@ class GRPOConfig:
         return self.scale_rewards
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every key, for config.yaml, checkpoints and trackers: the hub token left out."""
+        d = dataclasses.asdict(self)
+        d["hub_token"] = None
+        return d
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -416,6 +422,10 @@ def _check_logging(c: GRPOConfig) -> None:
     for r in reports:
         _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
     _check(c.logging_steps >= 1, "logging_steps must be >= 1")
+    _check(
+        c.hub_strategy in HUB_STRATEGIES,
+        f"hub_strategy={c.hub_strategy!r}: use one of {HUB_STRATEGIES}",
+    )
     _check(
         c.run_name is None or (c.run_name.strip() != "" and "/" not in c.run_name),
         f"run_name={c.run_name!r}: give a non-empty name without '/' (or null: the "

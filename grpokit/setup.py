@@ -308,6 +308,16 @@ def _step_pieces(cfg, m: Models, strategy, device):
     return logprobs, gradients
 
 
+def hub(cfg: GRPOConfig):
+    """The Hub uploader of the main process when push_to_hub is on, after checking (before
+    any model loads) that the uploads can work; None otherwise."""
+    if not cfg.push_to_hub or not dist.is_main():
+        return None
+    from grpokit.hub import hub_for
+
+    return hub_for(cfg)
+
+
 def trackers(cfg: GRPOConfig) -> list:
     names = [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to)
     names = [n for n in names if n != "none"]

@@ -65,6 +65,7 @@ class GRPOTrainer:
         # cheap checks first, before any model loads
         self.task = setup.build_task(cfg)
         self.rewards = setup.build_rewards(cfg, self.task)
+        self.hub = setup.hub(cfg)  # push_to_hub: token, hub and repository checked now
         self.data = setup.build_data(cfg, self.task)
         self.train_rows, self.eval_rows = self.data.train_rows, self.data.eval_rows
         self.total_steps = self.data.total_steps
@@ -340,6 +341,8 @@ class GRPOTrainer:
                 ref_model=self.reference.to_save(self.step),
                 save_total_limit=c.save_total_limit,
             )
+            if self.hub:
+                self.hub.after_save(path, self.step)
         dist.barrier()
         return path
 
@@ -376,5 +379,7 @@ class GRPOTrainer:
             (path / "grpokit_config.yaml").write_text(
                 yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
             )
+            if self.hub:
+                self.logger.print(f"uploaded to {self.hub.at_end(path)}")
         dist.barrier()
         return path
