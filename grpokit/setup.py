@@ -104,6 +104,7 @@ class Data:
     sampler: PromptSampler
     prompts_per_rank: int
     total_steps: int
+    save_every: int  # optimizer steps between checkpoints (0: none before the end)
 
 
 def build_data(cfg: GRPOConfig, task) -> Data:
@@ -118,7 +119,18 @@ def build_data(cfg: GRPOConfig, task) -> Data:
         total = cfg.max_steps
     else:
         total = math.ceil(cfg.num_train_epochs * sampler.batches_per_epoch) * cfg.num_iterations
-    return Data(task, train_rows, eval_rows, sampler, cfg.prompts_per_step // W, total)
+    return Data(
+        task, train_rows, eval_rows, sampler, cfg.prompts_per_step // W, total,
+        save_every=save_every(cfg, sampler.batches_per_epoch),
+    )  # fmt: skip
+
+
+def save_every(cfg: GRPOConfig, batches_per_epoch: int) -> int:
+    """save_strategy in optimizer steps: save_steps; an epoch (every batch of the training
+    prompts once, each batch giving num_iterations steps); or 0 (no checkpoints)."""
+    if cfg.save_strategy == "epoch":
+        return batches_per_epoch * cfg.num_iterations
+    return cfg.save_steps if cfg.save_strategy == "steps" else 0
 
 
 @dataclass
@@ -148,6 +160,9 @@ def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
         gradient_checkpointing=cfg.gradient_checkpointing,
         trust_remote_code=cfg.trust_remote_code,
         chat_template=cfg.chat_template,
+        revision=cfg.model_revision,
+        attn_implementation=cfg.attn_implementation,
+        device_type=device.type,
     )
     model.to(device)
     model.train()
@@ -190,6 +205,7 @@ def build_engines(cfg: GRPOConfig, m: Models, strategy):
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
+        min_p=cfg.min_p,
         repetition_penalty=cfg.repetition_penalty,
     )
     return engine, eval_engine, sampling
@@ -219,6 +235,7 @@ def _vllm_engine(cfg: GRPOConfig, m: Models):
         m.model,
         m.tokenizer,
         m.source.path,
+        revision=m.source.revision,
         dtype="auto" if dtype == "auto" else dtype,
         max_model_len=max_len,
         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -327,6 +344,16 @@ def _step_pieces(cfg, m: Models, strategy, device):
         own_attention_backward=own_attention,
     )
     return logprobs, gradients
+
+
+def hub(cfg: GRPOConfig):
+    """The Hub uploader of the main process when push_to_hub is on, after checking (before
+    any model loads) that the uploads can work; None otherwise."""
+    if not cfg.push_to_hub or not dist.is_main():
+        return None
+    from grpokit.hub import hub_for
+
+    return hub_for(cfg)
 
 
 def trackers(cfg: GRPOConfig) -> list:

@@ -4,6 +4,10 @@ Every tracker receives exactly the rows written to ``metrics.jsonl`` (same names
 steps; None values, which stand for non-finite numbers, are left out) and, with
 ``log_completions: true``, the completions table of each logging step.
 
+The run is named ``run_name`` (TRL's key), or after the output_dir when it is not set:
+the wandb and trackio run name, the mlflow run name, and for tensorboard a subdirectory
+``<output_dir>/tensorboard/<run_name>`` (the run's name in TensorBoard's run list).
+
 Where each one writes, when nothing else is configured:
 
 - tensorboard: ``<output_dir>/tensorboard`` (event files; ``tensorboard --logdir``);
@@ -20,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +34,7 @@ COMPLETION_COLUMNS = ("prompt", "completion", "reward", "advantage")
 
 
 def _run_name(cfg) -> str:
-    return Path(cfg.output_dir).resolve().name
+    return cfg.run_name or Path(cfg.output_dir).resolve().name
 
 
 def _numbers(row: dict[str, Any]) -> dict[str, float]:
@@ -62,6 +67,8 @@ class _TensorBoard:
         except ImportError as e:
             raise ImportError("report_to: tensorboard needs `pip install tensorboard`") from e
         self.dir = Path(cfg.output_dir) / "tensorboard"
+        if cfg.run_name:
+            self.dir = self.dir / cfg.run_name
         self.w = SummaryWriter(log_dir=str(self.dir))
 
     def log(self, row: dict[str, Any], step: int) -> None:
@@ -162,6 +169,12 @@ class _MLflow:
 class _Trackio:
     def __init__(self, cfg):
         os.environ.setdefault("TRACKIO_DIR", str(Path(cfg.output_dir).resolve() / "trackio"))
+        utils = sys.modules.get("trackio.utils")  # trackio reads TRACKIO_DIR once, on import
+        if utils is not None and str(utils.TRACKIO_DIR) != os.environ["TRACKIO_DIR"]:
+            log.warning(
+                "trackio was imported before grpokit set TRACKIO_DIR: it logs to %s",
+                utils.TRACKIO_DIR,
+            )
         try:
             import trackio
         except ImportError as e:

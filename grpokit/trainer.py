@@ -65,6 +65,7 @@ class GRPOTrainer:
         # cheap checks first, before any model loads
         self.task = setup.build_task(cfg)
         self.rewards = setup.build_rewards(cfg, self.task, self.device)
+        self.hub = setup.hub(cfg)  # push_to_hub: token, hub and repository checked now
         self.data = setup.build_data(cfg, self.task)
         self.train_rows, self.eval_rows = self.data.train_rows, self.data.eval_rows
         self.total_steps = self.data.total_steps
@@ -165,7 +166,7 @@ class GRPOTrainer:
                 r = self._evaluate(f"step-{step}", verbose=False)
                 evals = {f"eval/{k}": v for k, v in r.items() if isinstance(v, float)}
                 self.logger.log(step, evals, resumed_from=self.resumed_from)
-            if due(c.save_steps):
+            if due(self.data.save_every):
                 self.save()
             if due(c.report_steps):
                 self.status.write_report(step)
@@ -292,7 +293,7 @@ class GRPOTrainer:
             save_config(c, self.out / "config.yaml")  # the run's resolved config, for its report
 
     def _finish(self, results: dict[str, Any]) -> dict[str, Any]:
-        ckpt = self.save() if self.cfg.save_steps else None
+        ckpt = self.save() if self.data.save_every else None
         final = self._save_final()
         if self.eval_rows:
             results["after"] = self._evaluate("after")
@@ -342,6 +343,8 @@ class GRPOTrainer:
                 ref_model=self.reference.to_save(self.step),
                 save_total_limit=c.save_total_limit,
             )
+            if self.hub:
+                self.hub.after_save(path, self.step)
         dist.barrier()
         return path
 
@@ -378,5 +381,7 @@ class GRPOTrainer:
             (path / "grpokit_config.yaml").write_text(
                 yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
             )
+            if self.hub:
+                self.logger.print(f"uploaded to {self.hub.at_end(path)}")
         dist.barrier()
         return path

@@ -3,6 +3,7 @@ one short run logs to all four, and each tracker's own storage is read back and 
 with metrics.jsonl, row by row. Each test is skipped when its library is not installed."""
 
 import glob
+import importlib.util
 import json
 import os
 import struct
@@ -13,17 +14,16 @@ import pytest
 from grpokit.testing import tiny_run_config
 
 TRACKERS = ["tensorboard", "wandb", "mlflow", "trackio"]
+RUN_NAME = "tldr-lr3e-6"  # run_name: each tracker's own name for the run (not output_dir's)
 
 
 @pytest.fixture(scope="module")
 def run(tiny_model_dir, tmp_path_factory):
     have = []
     for name, module in zip(TRACKERS, ["tensorboard", "wandb", "mlflow", "trackio"]):
-        try:
-            __import__(module)
+        # find_spec, not import: trackio fixes its storage directory when first imported
+        if importlib.util.find_spec(module) is not None:
             have.append(name)
-        except ImportError:
-            pass
     if not have:
         pytest.skip("no tracker library installed")
     out = tmp_path_factory.mktemp("trackers") / "run"
@@ -31,7 +31,9 @@ def run(tiny_model_dir, tmp_path_factory):
     os.environ.pop("TRACKIO_DIR", None)
     from grpokit.trainer import GRPOTrainer
 
-    cfg = tiny_run_config(tiny_model_dir, out, max_steps=3, log_completions=True, report_to=have)
+    cfg = tiny_run_config(
+        tiny_model_dir, out, max_steps=3, log_completions=True, report_to=have, run_name=RUN_NAME
+    )
     try:
         GRPOTrainer(cfg).train()
     finally:
@@ -65,7 +67,10 @@ def test_tensorboard(run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out, rows, _ = run
-    ea = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    assert [p.name for p in (out / "tensorboard").iterdir()] == [RUN_NAME]
+    ea = EventAccumulator(
+        str(out / "tensorboard" / RUN_NAME), size_guidance={"scalars": 0, "tensors": 0}
+    )
     ea.Reload()
     by_step: dict[int, dict] = {}
     for tag in ea.Tags()["scalars"]:
@@ -111,8 +116,10 @@ def test_wandb_offline(run):
     out, rows, completions = run
     files = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert len(files) == 1, "one offline run"
-    hist = []
+    hist, names = [], []
     for rec in _wandb_records(files[0]):
+        if rec.WhichOneof("record_type") == "run":
+            names.append(rec.run.display_name)
         if rec.WhichOneof("record_type") == "history":
             hist.append(
                 {
@@ -121,6 +128,7 @@ def test_wandb_offline(run):
                 }
             )
     assert [h["_step"] for h in hist] == [r["step"] for r in rows]
+    assert names and set(names) == {RUN_NAME}
     for h, r in zip(hist, rows):
         _same(h, r, rel=1e-12)
         assert h["completions_table/_type"] == "table-file"
@@ -143,6 +151,7 @@ def test_mlflow(run):
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name("grpokit")
     (r0,) = client.search_runs([exp.experiment_id])
+    assert r0.info.run_name == RUN_NAME
     assert r0.data.params["learning_rate"] == "0.001"
     by_step: dict[int, dict] = {}
     for key in r0.data.metrics:
@@ -162,7 +171,9 @@ def test_trackio(run):
     try:
         from trackio.sqlite_storage import SQLiteStorage
 
-        logs = SQLiteStorage.get_logs("grpokit", out.name)
+        assert SQLiteStorage.get_project_db_path("grpokit").parent == out / "trackio"
+        assert SQLiteStorage.get_runs("grpokit") == [RUN_NAME]
+        logs = SQLiteStorage.get_logs("grpokit", RUN_NAME)
     finally:
         os.environ.pop("TRACKIO_DIR", None)
     by_step: dict[int, dict] = {}

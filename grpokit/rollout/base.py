@@ -13,6 +13,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    min_p: float | None = None  # keep tokens with p >= min_p * max p (None or 0: off)
     repetition_penalty: float = 1.0
     greedy: bool = False
     min_new_tokens: int = 0  # EOS is masked out before this many tokens (benchmarks)

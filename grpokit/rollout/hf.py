@@ -131,6 +131,7 @@ class HFRolloutEngine:
                         temperature=params.temperature,
                         top_p=params.top_p,
                         top_k=params.top_k,
+                        min_p=params.min_p,
                         repetition_penalty=params.repetition_penalty,
                         min_new_tokens=params.min_new_tokens,
                         fused_decode=self.fused_decode,
@@ -163,6 +164,8 @@ class HFRolloutEngine:
                 top_p=params.top_p,
                 top_k=params.top_k if params.top_k else 0,
             )
+        if params.min_p and not params.greedy:
+            kwargs["min_p"] = params.min_p
         if params.repetition_penalty != 1.0:
             kwargs["repetition_penalty"] = params.repetition_penalty
         if params.min_new_tokens:

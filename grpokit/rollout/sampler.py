@@ -14,12 +14,14 @@ its time per decode step:
 - the prompt's logits are computed for its last position only.
 
 Sampling follows ``generate``'s order: repetition penalty, temperature, top-k, top-p (the
-smallest set of most probable tokens whose mass reaches ``top_p``, at least one kept). Rows
+smallest set of most probable tokens whose mass reaches ``top_p``, at least one kept), min-p
+(tokens less probable than ``min_p`` times the most probable one dropped). Rows
 that ended get ``pad_id`` and leave the batch; the loop stops when every row has ended.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +43,17 @@ def filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) ->
         remove = remove_sorted.scatter(-1, order, remove_sorted)
         scores = scores.masked_fill(remove, float("-inf"))
     return scores
+
+
+def filter_min_p(scores: torch.Tensor, min_p: float | None) -> torch.Tensor:
+    """``scores`` (N, V) with every token whose probability is below ``min_p`` times the row's
+    largest probability set to -inf (transformers' MinPLogitsWarper; None or 0: off). The
+    ratio p_i / p_max is exp(s_i - s_max), so the test needs no softmax; the most probable
+    token always stays."""
+    if not min_p:
+        return scores
+    top = scores.amax(-1, keepdim=True)
+    return scores.masked_fill(scores - top < math.log(min_p), float("-inf"))
 
 
 def apply_repetition_penalty(
@@ -97,6 +110,7 @@ class _Choice:
     temperature: float
     top_p: float
     top_k: int | None
+    min_p: float | None
     repetition_penalty: float
     min_new_tokens: int
     generator: torch.Generator | None
@@ -140,6 +154,7 @@ def sample(
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int | None = None,
+    min_p: float | None = None,
     repetition_penalty: float = 1.0,
     min_new_tokens: int = 0,
     num_samples: int = 1,
@@ -180,6 +195,7 @@ def sample(
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k,
+                min_p=min_p,
                 repetition_penalty=repetition_penalty,
                 min_new_tokens=min_new_tokens,
                 generator=generator,
@@ -189,7 +205,7 @@ def sample(
         seen = None if seen is None else seen[rep]
     choice = _Choice(
         eos=torch.tensor(eos_ids, device=device, dtype=torch.long), pad_id=pad_id,
-        greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
+        greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, generator=generator,
         min_new_tokens=min_new_tokens if eos_ids else 0,  # no EOS to hold back otherwise
     )  # fmt: skip
@@ -275,7 +291,7 @@ def _decode(
 
 def _choose(logits: torch.Tensor, run: _Running, choice: _Choice, t: int) -> torch.Tensor:
     """The (n,) next tokens of the running rows from their (n, V) logits, in ``generate``'s
-    order (repetition penalty, no EOS before min_new_tokens, temperature, top-k, top-p);
+    order (repetition penalty, no EOS before min_new_tokens, temperature, top-k, top-p, min-p);
     ``pad_id`` for rows that have ended."""
     if run.seen is not None:
         logits = apply_repetition_penalty(logits, run.seen, choice.repetition_penalty)
@@ -286,6 +302,7 @@ def _choose(logits: torch.Tensor, run: _Running, choice: _Choice, t: int) -> tor
     else:
         scores = logits / choice.temperature if choice.temperature != 1.0 else logits
         scores = filter_top_k_top_p(scores, choice.top_k, choice.top_p)
+        scores = filter_min_p(scores, choice.min_p)
         nxt = draw(scores.softmax(-1), choice.generator)
     return torch.where(run.done, torch.full_like(nxt, choice.pad_id), nxt)
 

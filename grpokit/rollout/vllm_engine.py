@@ -76,7 +76,12 @@ def vllm_sampling_params(params: SamplingParams, eos_ids: list[int], seed: int |
     if params.greedy:
         kw.update(temperature=0.0)
     else:
-        kw.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or 0)
+        kw.update(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k or 0,
+            min_p=params.min_p or 0.0,
+        )
     return VSP(**kw)
 
 
@@ -158,6 +163,7 @@ def make_llm(
     *,
     dtype: str,
     max_model_len: int | None,
+    revision: str | None = None,
     gpu_memory_utilization: float = 0.9,
     enable_sleep_mode: bool = False,
     enforce_eager: bool = True,
@@ -192,6 +198,8 @@ def make_llm(
     )
     if max_model_len:
         kw["max_model_len"] = max_model_len
+    if revision:  # a hub id pinned by model_revision: the same files the trainer loaded
+        kw.update(revision=revision, tokenizer_revision=revision)
     if enable_sleep_mode:
         kw["enable_sleep_mode"] = True
     return vllm.LLM(**kw)
@@ -212,6 +220,7 @@ class VLLMColocateEngine:
         enable_sleep_mode: bool = False,
         enforce_eager: bool = True,
         seed: int = 0,
+        revision: str | None = None,
         llm=None,
     ):
         """``llm``: an engine already built by ``make_llm`` for this model (tests share one)."""
@@ -227,6 +236,7 @@ class VLLMColocateEngine:
             model_path,
             dtype=dtype,
             max_model_len=max_model_len,
+            revision=revision,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep_mode=enable_sleep_mode,
             enforce_eager=enforce_eager,
@@ -454,6 +464,7 @@ class VLLMServerEngine:
                 "temperature": params.temperature,
                 "top_p": params.top_p,
                 "top_k": params.top_k,
+                "min_p": params.min_p,
                 "repetition_penalty": params.repetition_penalty,
                 "greedy": params.greedy,
                 "min_new_tokens": params.min_new_tokens,

@@ -41,9 +41,14 @@ def test_unknown_key_names_closest():
         build_config({"num_generation": 4})
 
 
+def test_the_hub_token_is_never_part_of_the_saved_config():
+    c = build_config({"push_to_hub": True, "hub_token": "hf_secret"})
+    assert c.hub_token == "hf_secret" and c.to_dict()["hub_token"] is None
+
+
 def test_ignored_trl_key_warns():
-    with pytest.warns(UserWarning, match="push_to_hub"):
-        c = build_config({"push_to_hub": True, "hub_model_id": "x/y"})
+    with pytest.warns(UserWarning, match="tf32"):
+        c = build_config({"tf32": True})
     assert c.beta == 0.0
 
 
@@ -59,6 +64,12 @@ def test_ignored_trl_key_warns():
         ({"scale_rewards": "median"}, "scale_rewards"),
         ({"beta": -1}, "beta"),
         ({"top_p": 1.5}, "top_p"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"hub_strategy": "sometimes"}, "hub_strategy.*every_save"),
+        ({"run_name": "a/b"}, "run_name"),
+        ({"attn_implementation": "flash"}, "attn_implementation.*sdpa"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"reward_funcs": ["a", "b"], "reward_weights": [1.0]}, "one weight per function"),
         ({"sync_ref_model": True, "use_peft": True}, "sync_ref_model"),
         ({"report_to": "neptune"}, "report_to"),

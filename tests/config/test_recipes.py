@@ -22,7 +22,7 @@ SHRINK = [
     "--max_steps", "2", "--num_generations", "2", "--per_device_train_batch_size", "2",
     "--gradient_accumulation_steps", "1", "--max_completion_length", "8",
     "--max_prompt_length", "64", "--max_eval_samples", "0", "--save_steps", "0",
-    "--report_to", "none", "--torch_num_threads", "1",
+    "--report_to", "none", "--torch_num_threads", "1", "--push_to_hub", "false",
 ]  # fmt: skip
 
 
@@ -98,7 +98,7 @@ def test_recipe_plans_and_trains_two_steps(recipe, tiny_model_dir, tmp_path, mon
     assert (out / "final" / "config.json").is_file()
 
 
-def test_openr1_config_demo_runs_with_only_path_changes(tiny_model_dir, tmp_path):
+def test_openr1_config_demo_runs_with_only_path_changes(tiny_model_dir, tmp_path, capsys):
     """open-r1's config_demo.yaml, with only its model, dataset and output paths changed,
     trains: the task comes from dataset_name (a local copy named like the hub dataset), the
     prompt from dataset_prompt_column, and do_eval: false means no test split is needed."""
@@ -142,7 +142,11 @@ def test_openr1_config_demo_runs_with_only_path_changes(tiny_model_dir, tmp_path
 
     cfg = load_config(recipe)
     assert (cfg.task, cfg.dataset_prompt_column, cfg.do_eval) == ("math", "problem", False)
-    assert main(["train", str(recipe)]) == 0
+    # push_to_hub: true, and no hub here: refused at the start, before any model loads
+    assert main(["train", str(recipe)]) == 2
+    assert "hub error: push_to_hub" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main(["train", str(recipe), "--push_to_hub", "false"]) == 0
     out = tmp_path / "out"
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     # one epoch of 8 prompts at 16 completions x 4 accumulation / G=16 = 4 prompts a step

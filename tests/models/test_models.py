@@ -13,7 +13,7 @@ from grpokit.models import ModelSourceError, resolve_model
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(models, "hub_cached_snapshot", lambda repo: None)
+    monkeypatch.setattr(models, "hub_cached_snapshot", lambda repo, revision=None: None)
 
 
 def _never(*a, **k):

@@ -8,12 +8,19 @@ import copy
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.logits_process import (
+    MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
-from grpokit.rollout.sampler import apply_repetition_penalty, draw, filter_top_k_top_p, sample
+from grpokit.rollout.sampler import (
+    apply_repetition_penalty,
+    draw,
+    filter_min_p,
+    filter_top_k_top_p,
+    sample,
+)
 
 
 def _prompts(tok):
@@ -74,6 +81,68 @@ def test_filters_equal_generate_warpers():
             assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
         want = RepetitionPenaltyLogitsProcessor(1.3)(ids, scores.clone())
         torch.testing.assert_close(apply_repetition_penalty(scores.clone(), ids, 1.3), want)
+
+
+def test_min_p_filter_equals_its_definition_and_generate():
+    """min_p keeps the tokens whose probability is at least min_p times the row's largest,
+    after top-k and top-p in generate's order: checked against a plain loop over the
+    probabilities and against transformers' warper chain."""
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        scores = torch.randn(4, 97, generator=g) * 3
+        ids = torch.randint(0, 97, (4, 10), generator=g)
+        for top_k, top_p, min_p in ((0, 1.0, 0.1), (5, 1.0, 0.3), (0, 0.9, 0.05), (7, 0.5, 1.0)):
+            got = filter_min_p(filter_top_k_top_p(scores.clone(), top_k, top_p), min_p)
+            want = scores.clone()
+            if top_k:
+                want = TopKLogitsWarper(top_k)(ids, want)
+            if top_p < 1:
+                want = TopPLogitsWarper(top_p)(ids, want)
+            kept_before = ~torch.isinf(want)
+            want = MinPLogitsWarper(min_p)(ids, want)
+            assert torch.equal(torch.isinf(got), torch.isinf(want)), (top_k, top_p, min_p)
+            for r in range(4):  # the definition, one token at a time
+                probs = filter_top_k_top_p(scores.clone(), top_k, top_p)[r].softmax(-1).tolist()
+                pmax = max(probs)
+                for v in range(97):
+                    keep = bool(kept_before[r, v]) and probs[v] >= min_p * pmax
+                    assert keep == bool(torch.isfinite(got[r, v])), (r, v)
+    x = torch.randn(2, 9)
+    assert torch.equal(filter_min_p(x, None), x) and torch.equal(filter_min_p(x, 0.0), x)
+
+
+def test_min_p_changes_what_the_decode_loop_samples(tiny_model_dir):
+    """Every token drawn with min_p (grpokit's loop with the fused decode step and with the
+    model's own forward; transformers' generate through the engine) has a probability, under
+    the training forward at the sampling temperature, of at least min_p times the most
+    probable token's; without min_p some drawn tokens fall below."""
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.hf import HFRolloutEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = _prompts(tok)
+    min_p, T = 0.7, 1.5  # the tiny random model is nearly flat: ratios ~0.5-0.9
+
+    def ratios(min_p, loop, fused=True):
+        torch.manual_seed(0)
+        eng = HFRolloutEngine(model, tok, loop=loop, fused_decode=fused)
+        params = SamplingParams(max_new_tokens=16, temperature=T, min_p=min_p)
+        ro = eng.generate(ids, mask, params, num_generations=4)
+        comp = ro.completion_ids
+        full = torch.cat([ro.prompt_ids, comp], 1)
+        am = torch.cat([ro.prompt_mask, ro.completion_mask], 1)
+        pos = (am.cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            logits = model(input_ids=full, attention_mask=am, position_ids=pos).logits
+        probs = (logits[:, ids.shape[1] - 1 : -1].double() / T).softmax(-1)
+        r = probs.gather(-1, comp[..., None])[..., 0] / probs.amax(-1)
+        return r[ro.completion_mask.bool()]
+
+    for loop, fused in (("grpokit", True), ("grpokit", False), ("hf", True)):
+        got = ratios(min_p, loop, fused)
+        assert got.numel() > 20 and got.min() >= min_p - 1e-4, (loop, fused)
+        assert ratios(None, loop, fused).min() < min_p, (loop, fused)
 
 
 def test_draw_is_an_exact_categorical_sample():

@@ -113,3 +113,14 @@ def test_sleep_mode_without_gpu_is_a_clear_error(vllm_tiny_dir):
     # vLLM itself refuses it on CPU, deep in a pydantic validation error
     with pytest.raises(VLLMError, match="vllm_enable_sleep_mode: false"):
         make_llm(vllm_tiny_dir, dtype="float32", max_model_len=256, enable_sleep_mode=True)
+
+
+def test_min_p_and_filters_reach_vllm_sampling_params():
+    """The recipe's filters become vLLM's own SamplingParams fields (min_p: TRL's key; None
+    is vLLM's 0.0, off)."""
+    from grpokit.rollout.vllm_engine import vllm_sampling_params
+
+    p = SamplingParams(max_new_tokens=4, top_k=7, top_p=0.8, min_p=0.3, repetition_penalty=1.2)
+    v = vllm_sampling_params(p, [0], seed=1)
+    assert (v.min_p, v.top_k, v.top_p, v.repetition_penalty) == (0.3, 7, 0.8, 1.2)
+    assert vllm_sampling_params(SamplingParams(max_new_tokens=4), [0], seed=1).min_p == 0.0
