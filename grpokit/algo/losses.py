@@ -134,70 +134,88 @@ def policy_loss(
                divided by the sequences (LUSPO; with GSPO's sequence ratio)
         vespo  -phi(w) * A * logp, aggregated as dapo (VESPO)
     """
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
-            f"got {importance_sampling_level!r}"
-        )
-    if beta > 0 and ref_logp is None:
-        raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs)")
-    if top_entropy_quantile < 1.0 and entropy is None:
-        raise ValueError("top_entropy_quantile < 1 needs entropy (the tokens' entropies)")
-    eps_high = epsilon_low if epsilon_high is None else epsilon_high
+    _check_args(loss_type, importance_sampling_level, beta, ref_logp, top_entropy_quantile, entropy)
     mask = mask.to(logp.dtype)
     old = logp.detach() if old_logp is None else old_logp
     tok_count = mask.sum(-1)  # (N,) completion tokens of each sequence
-
-    token_log_ratio = log_ratio = logp - old  # (N, T)
-    if importance_sampling_level == "sequence":
-        seq_lr = (log_ratio * mask).sum(-1) / tok_count.clamp(min=1.0)  # (N,)
-        log_ratio = seq_lr.unsqueeze(-1).expand_as(logp)  # one ratio per sequence
-    ratio = torch.exp(log_ratio)  # (N, T)
     adv = advantages.to(logp.dtype).unsqueeze(-1)  # (N, 1)
     params = dict(
-        epsilon_low=epsilon_low, eps_high=eps_high, delta=delta,
-        sapo=(sapo_temperature_pos, sapo_temperature_neg),
-        vespo=dict(k_pos=vespo_k_pos, lambda_pos=vespo_lambda_pos, k_neg=vespo_k_neg,
-                   lambda_neg=vespo_lambda_neg),
+        epsilon_low=epsilon_low, eps_high=epsilon_low if epsilon_high is None else epsilon_high,
+        delta=delta, level=importance_sampling_level,
+        sapo=(sapo_temperature_pos, sapo_temperature_neg), vespo=dict(k_pos=vespo_k_pos,
+        lambda_pos=vespo_lambda_pos, k_neg=vespo_k_neg, lambda_neg=vespo_lambda_neg),
     )  # fmt: skip
-    vespo_is = is_weights if loss_type == "vespo" else None
-    per_token, shown_ratio, extra = _policy_term(
-        loss_type, logp, ratio, token_log_ratio, adv, mask, vespo_is, params
-    )
-    if off_policy_mask_threshold is not None:
-        s_logp = old if sampling_logp is None else sampling_logp
-        per_token = per_token * off_policy_mask(adv, logp, s_logp, mask, off_policy_mask_threshold)
-    if top_entropy_quantile < 1.0:
-        keep = high_entropy_mask(entropy, mask, top_entropy_quantile)
-        per_token = per_token * keep.to(per_token.dtype)
-
-    kl = None
-    if ref_logp is not None:
-        d = torch.clamp(ref_logp - logp, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        kl = torch.exp(d) - d - 1.0  # (N, T), k3 estimator, >= 0; clamped so exp cannot overflow
-        if use_bias_correction_kl:
-            kl = kl * ratio  # the sampled tokens are off-policy for the KL too
-        if beta > 0:
-            per_token = per_token + beta * kl
-
+    ratio, per_token, shown_ratio, extra = _policy_term(
+        loss_type, logp, old, adv, mask, tok_count, is_weights if loss_type == "vespo" else None,
+        params,
+    )  # fmt: skip
+    per_token = _masked(
+        per_token, adv, logp, old if sampling_logp is None else sampling_logp, mask, entropy,
+        off_policy_mask_threshold, top_entropy_quantile,
+    )  # fmt: skip
+    kl = _k3(ref_logp, logp, ratio if use_bias_correction_kl else None)  # None without ref
+    if beta > 0:
+        per_token = per_token + beta * kl
     if is_weights is not None and loss_type != "vespo":
         per_token = per_token * is_weights.detach().to(per_token.dtype)
     per_token = per_token * mask
     loss = _aggregate(
         per_token, mask, tok_count, loss_type, max_completion_length, num_sequences, num_tokens
     )
-
     with torch.no_grad():
-        metrics = _loss_metrics(shown_ratio, adv, mask, kl, entropy, epsilon_low, eps_high)
-        metrics = _type_metrics(loss_type, metrics, extra, adv, mask, eps_high)
+        metrics = _all_metrics(loss_type, shown_ratio, adv, mask, kl, entropy, extra, params)
     return loss, metrics
 
 
-def _policy_term(loss_type, logp, ratio, token_log_ratio, adv, mask, is_weights, p):
-    """(N, T) per-token policy terms of ``loss_type``, the ratio the clip metrics show, and
-    what the type's own metric needs."""
+def _all_metrics(loss_type, ratio, adv, mask, kl, entropy, extra, p):
+    metrics = _loss_metrics(ratio, adv, mask, kl, entropy, p["epsilon_low"], p["eps_high"])
+    return _type_metrics(loss_type, metrics, extra, adv, mask, p["eps_high"])
+
+
+def _check_args(loss_type, level, beta, ref_logp, rho, entropy) -> None:
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {level!r}"
+        )
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs)")
+    if rho < 1.0 and entropy is None:
+        raise ValueError("top_entropy_quantile < 1 needs entropy (the tokens' entropies)")
+
+
+def _masked(per_token, adv, logp, s_logp, mask, entropy, threshold, rho):
+    """The policy terms with the off-policy sequence mask and the high-entropy token mask."""
+    if threshold is not None:
+        per_token = per_token * off_policy_mask(adv, logp, s_logp, mask, threshold)
+    if rho < 1.0:
+        per_token = per_token * high_entropy_mask(entropy, mask, rho).to(per_token.dtype)
+    return per_token
+
+
+def _k3(ref_logp, logp, ratio):
+    """(N, T) k3 estimate of KL(pi || ref), >= 0 (clamped so exp cannot overflow); times the
+    ratio when given (DeepSeek-V3.2's bias correction: the tokens are off-policy for it too)."""
+    if ref_logp is None:
+        return None
+    d = torch.clamp(ref_logp - logp, -KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+    kl = torch.exp(d) - d - 1.0
+    return kl if ratio is None else kl * ratio
+
+
+def _policy_term(loss_type, logp, old, adv, mask, tok_count, is_weights, p):
+    """The (N, T) ratio (token or sequence level), and the per-token policy terms of
+    ``loss_type``, the ratio the clip metrics show and what the type's own metric needs."""
+    token_log_ratio = log_ratio = logp - old  # (N, T)
+    if p["level"] == "sequence":
+        seq_lr = (log_ratio * mask).sum(-1) / tok_count.clamp(min=1.0)  # (N,)
+        log_ratio = seq_lr.unsqueeze(-1).expand_as(logp)  # one ratio per sequence
+    ratio = torch.exp(log_ratio)  # (N, T)
+    return (ratio, *_terms(loss_type, logp, ratio, token_log_ratio, adv, mask, is_weights, p))
+
+
+def _terms(loss_type, logp, ratio, token_log_ratio, adv, mask, is_weights, p):
     if loss_type == "cispo":
         capped = torch.clamp(ratio, max=p["eps_high"]).detach()
         return -capped * adv * logp, ratio, ratio
