@@ -186,3 +186,27 @@ def test_dynamic_sampling_resumes_exactly(tmp_path, tiny_model_dir):
             assert ra[k] == rb[k], (ra["step"], k)
     for (n, pa), (_, pc) in zip(ta.model.named_parameters(), tc.model.named_parameters()):
         assert torch.equal(pa, pc), n
+
+
+def test_dynamic_sampling_on_two_ranks_fills_every_rank(tmp_path, tiny_model_dir):
+    """Two gloo ranks: every round's batch is full on each rank (2 groups of 4), both ranks
+    agree on the number of generation batches, and the run logs its metrics."""
+    import os
+    import subprocess
+    import sys
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(here.parents[1]), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "two"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", "29531", str(here / "_dynamic_worker.py"), tiny_model_dir, str(out),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, timeout=600)
+    s0 = json.loads((out / "sizes-0.json").read_text())
+    s1 = json.loads((out / "sizes-1.json").read_text())
+    assert [n for n, _ in s0] == [8, 8] and [n for n, _ in s1] == [8, 8]
+    assert [b for _, b in s0] == [b for _, b in s1]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in rows)
