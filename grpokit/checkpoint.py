@@ -221,7 +221,8 @@ RESUME_LOCKED_KEYS = (
     "dataset_train_split", "max_train_samples", "num_generations", "per_device_train_batch_size",
     "gradient_accumulation_steps", "num_iterations", "use_peft", "lora_r", "lora_alpha",
     "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",
-    "torch_dtype", "system_prompt", "dataset_prompt_column",
+    "torch_dtype", "system_prompt", "dataset_prompt_column", "advantage_estimator",
+    "multi_objective_aggregation", "dynamic_sampling",
 )  # fmt: skip
 
 
@@ -236,7 +237,10 @@ def _optimizer_kind(optim: str | None) -> str:
 def check_resume_config(saved: dict[str, Any], cfg, ckpt: Path) -> None:
     """Refuse to resume from ``ckpt`` (whose config was ``saved``) when ``cfg`` changes a key
     of ``RESUME_LOCKED_KEYS``, naming each change."""
-    diffs = [k for k in RESUME_LOCKED_KEYS if saved.get(k) != getattr(cfg, k)]
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}  # keys newer than `saved`
+    diffs = [k for k in RESUME_LOCKED_KEYS if saved.get(k, defaults[k]) != getattr(cfg, k)]
     if _optimizer_kind(saved.get("optim")) != _optimizer_kind(cfg.optim):
         diffs.append("optim")  # AdamW and 8-bit AdamW states do not load into each other
     if diffs:

@@ -27,8 +27,10 @@ from typing import Any, Union
 import yaml
 
 from grpokit.algo.variants import (
+    ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
+    MULTI_OBJECTIVE_AGGREGATIONS,
     SAMPLING_IS_MODES,
     SCALE_REWARDS,
 )
@@ -191,6 +193,30 @@ class GRPOConfig:
     ref_model_mixup_alpha: float = 0.6
     ref_model_sync_steps: int = 512
 
+    # newer losses, stabilisers, estimators and dynamic sampling (docs/algorithms.md);
+    # TRL's names and defaults, checked by _check_frontier
+    delta: float | None = None  # INTELLECT-2 two-sided clipping: the ratio's upper cap
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    top_entropy_quantile: float = 1.0  # rho: only the top-rho tokens by entropy learn
+    off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 off-policy sequence mask
+    use_bias_correction_kl: bool = False
+    multi_objective_aggregation: str = "sum_then_normalize"  # or normalize_then_sum (GDPO)
+    advantage_estimator: str = "grpo"  # or rloo (leave-one-out baseline, verl's rloo)
+    entropy_coef: float = 0.0  # loss -= entropy_coef * mean token entropy
+    use_adaptive_entropy: bool = False  # Skywork-OR1's controller of entropy_coef
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
+    cast_lm_head_to_fp32: bool = False  # the output layer's weights and product in float32
+    dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, sample until full
+    max_num_gen_batches: int = 0  # dynamic sampling's generation batches per step (0: no limit)
+
     # optimisation
     learning_rate: float = 1e-6
     lr_scheduler_type: str = "linear"
@@ -319,6 +345,97 @@ def _check_objective(c: GRPOConfig) -> None:
     )
     _check(c.beta >= 0, f"beta={c.beta} must be >= 0 (0 disables the KL term)")
     _check(c.num_iterations >= 1, f"num_iterations={c.num_iterations} must be >= 1")
+
+
+def _check_frontier(c: GRPOConfig) -> None:
+    """The keys of the newer losses, stabilisers, estimators and dynamic sampling."""
+    _check(
+        c.delta is None or c.delta > 1,
+        f"delta={c.delta} must be > 1 (the cap of the unclipped ratio; INTELLECT-2 uses 4) or null",
+    )
+    _check(
+        c.sapo_temperature_pos > 0 and c.sapo_temperature_neg > 0,
+        "sapo_temperature_pos and sapo_temperature_neg must be > 0 (TRL: 1.0 and 1.05)",
+    )
+    _check(
+        min(c.vespo_k_pos, c.vespo_k_neg) >= 0 and min(c.vespo_lambda_pos, c.vespo_lambda_neg) > 0,
+        "vespo_k_pos/neg must be >= 0 and vespo_lambda_pos/neg > 0 (TRL: k 2, 3 and lambda 3, 2)",
+    )
+    _check(
+        0 <= c.top_entropy_quantile <= 1,
+        f"top_entropy_quantile={c.top_entropy_quantile} must be in [0, 1] (1 keeps every "
+        "token; the paper uses 0.2)",
+    )
+    _check(
+        c.off_policy_mask_threshold is None or c.off_policy_mask_threshold >= 0,
+        f"off_policy_mask_threshold={c.off_policy_mask_threshold} must be >= 0 (e.g. 0.5) or null",
+    )
+    _check(
+        c.multi_objective_aggregation in MULTI_OBJECTIVE_AGGREGATIONS,
+        f"multi_objective_aggregation={c.multi_objective_aggregation!r}: use one of "
+        f"{MULTI_OBJECTIVE_AGGREGATIONS}",
+    )
+    _check(
+        c.advantage_estimator in ADVANTAGE_ESTIMATORS,
+        f"advantage_estimator={c.advantage_estimator!r}: use one of {ADVANTAGE_ESTIMATORS}",
+    )
+    _check(
+        not (
+            c.advantage_estimator == "rloo"
+            and c.multi_objective_aggregation != "sum_then_normalize"
+        ),
+        "advantage_estimator rloo needs multi_objective_aggregation: sum_then_normalize "
+        "(normalize_then_sum uses the group mean)",
+    )
+    _check(
+        c.entropy_coef_min <= c.entropy_coef_max and c.entropy_coef_delta >= 0,
+        "entropy_coef_min must be <= entropy_coef_max and entropy_coef_delta >= 0",
+    )
+    _check(c.max_num_gen_batches >= 0, "max_num_gen_batches must be >= 0 (0: no limit)")
+    _check(
+        not (c.loss_type == "vespo" and c.use_vllm and c.vllm_importance_sampling_correction
+             and c.vllm_importance_sampling_mode.startswith("sequence")),
+        "loss_type vespo folds the rollout correction into its sequence weight and needs "
+        "vllm_importance_sampling_mode token_truncate or token_mask",
+    )  # fmt: skip
+    _check(
+        not (c.cast_lm_head_to_fp32 and c.use_peft and _lora_targets_head(c)),
+        "cast_lm_head_to_fp32 with a LoRA adapter on lm_head: remove lm_head from "
+        "lora_target_modules or set cast_lm_head_to_fp32: false",
+    )
+    _warn_frontier(c)
+
+
+def _lora_targets_head(c: GRPOConfig) -> bool:
+    t = c.lora_target_modules
+    return "lm_head" in ([t] if isinstance(t, str) else list(t or []))
+
+
+def _warn_frontier(c: GRPOConfig) -> None:
+    """TRL's warnings for settings that run but are probably not what the paper meant."""
+    notes = []
+    if c.loss_type == "luspo" and c.importance_sampling_level != "sequence":
+        notes.append(
+            "loss_type luspo: set importance_sampling_level: sequence to mirror the paper's setup"
+        )
+    if c.loss_type == "vespo" and c.importance_sampling_level != "token":
+        notes.append(
+            "loss_type vespo computes its own sequence weights: importance_sampling_level "
+            "should be token (the default)"
+        )
+    if c.loss_type == "cispo" and (c.epsilon_high is None or c.epsilon_high < 1):
+        cap = c.epsilon if c.epsilon_high is None else c.epsilon_high
+        notes.append(
+            f"loss_type cispo caps the ratio itself at epsilon_high (absolute, now {cap}): "
+            "every ratio is clipped far below 1; ScaleRL uses epsilon_high: 5.0"
+        )
+    if c.loss_type == "cispo" and c.importance_sampling_level == "sequence":
+        notes.append(
+            "importance_sampling_level sequence with loss_type cispo sums per-token terms, so "
+            "each sequence weighs by its length; GSPO's setup is loss_type grpo"
+        )
+    for note in notes:
+        warnings.warn(note, stacklevel=4)
 
 
 def _check_reference(c: GRPOConfig) -> None:
@@ -535,6 +652,7 @@ def _check_logging(c: GRPOConfig) -> None:
 _VALIDATORS = (
     _check_model,
     _check_objective,
+    _check_frontier,
     _check_reference,
     _check_generation,
     _check_vllm,

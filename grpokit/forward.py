@@ -36,9 +36,38 @@ def fused_head(model):
     if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
         return None
     head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:  # e.g. a LoRA-wrapped lm_head
+    if type(head) not in (torch.nn.Linear, Float32Head):  # e.g. a LoRA-wrapped lm_head
         return None
     return model.get_decoder(), head
+
+
+class Float32Head(torch.nn.Linear):
+    """An output layer whose weights and product stay float32, under autocast too
+    (``cast_lm_head_to_fp32``): logits without bf16 rounding."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            b = None if self.bias is None else self.bias.float()
+            return torch.nn.functional.linear(x.float(), self.weight.float(), b)
+
+
+def cast_lm_head_to_fp32(model) -> None:
+    """TRL's ``cast_lm_head_to_fp32``: the output layer in float32 (its weights, and its
+    product even under autocast). With tied embeddings the shared weight becomes float32
+    and the embedding's outputs are cast back to the model's dtype."""
+    head = model.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        raise ValueError(
+            f"cast_lm_head_to_fp32: the output layer is a {type(head).__name__}, not a plain "
+            "Linear (a LoRA adapter on lm_head?); remove lm_head from lora_target_modules or "
+            "set cast_lm_head_to_fp32: false"
+        )
+    emb = model.get_input_embeddings()
+    dtype = emb.weight.dtype
+    head.float()
+    head.__class__ = Float32Head
+    if emb.weight.dtype != dtype:  # tied: the embedding's activations keep the model's dtype
+        emb.register_forward_hook(lambda _m, _a, out: out.to(dtype))
 
 
 def is_checkpointing(model) -> bool:
@@ -81,9 +110,13 @@ class LogProbs:
         amp_dtype: torch.dtype | None,
         fused: bool = True,
         share_prompts: bool = True,
+        entropy_grad: bool = False,
     ):
         self.temperature, self.amp_dtype = temperature, amp_dtype
         self.fused, self.share_prompts = fused, share_prompts
+        # an entropy bonus needs the entropies' gradient: the model's own head computes them
+        # (the fused head's entropies carry none)
+        self.entropy_grad = entropy_grad
         self.train_positions = 0
 
     def __call__(self, model, ro: Rollout, rows, with_entropy: bool = False):
@@ -102,7 +135,7 @@ class LogProbs:
         ck = max(1, int(c_mask.sum(-1).max()))  # completions are right-padded
         p_ids, p_mask = p_ids[:, P - pk :], p_mask[:, P - pk :]
         c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
-        head = fused_head(model) if self.fused else None
+        head = fused_head(model) if self.fused and not self.entropy_grad else None
         shared = None
         if self.share_prompts and not is_checkpointing(model):  # (no KV cache when checkpointed)
             shared = shared_prompts(p_ids, p_mask)
@@ -188,20 +221,23 @@ class LogProbs:
     def _from_logits(self, logits, c_ids, c_mask, C: int, with_entropy: bool):
         logits = logits / self.temperature  # (n, ck, V)
         logp = selective_log_softmax(logits, c_ids) * c_mask
-        ent = entropy_from_logits(logits.detach()) * c_mask if with_entropy else None
+        ent = None
+        if with_entropy:
+            ent = entropy_from_logits(logits if self.entropy_grad else logits.detach()) * c_mask
         return pad_cols(logp, C), (None if ent is None else pad_cols(ent, C))
 
     def _from_hidden(self, hs, lm_head, c_ids, c_mask, C: int, with_entropy: bool):
         """The fused head over the completion tokens only, scattered back to (n, C)."""
         n, ck = c_ids.shape
         sel = c_mask.bool()
+        fp32 = isinstance(lm_head, Float32Head)  # cast_lm_head_to_fp32
         lp, ent = linear_logprobs(
-            hs[sel],  # (tokens, H)
+            hs[sel].float() if fp32 else hs[sel],  # (tokens, H)
             lm_head.weight,
             c_ids[sel],
             bias=lm_head.bias,
             temperature=self.temperature,
-            compute_dtype=self.amp_dtype,
+            compute_dtype=None if fp32 else self.amp_dtype,
             with_entropy=with_entropy,
         )
         flat = torch.nonzero(torch.nn.functional.pad(sel, (0, C - ck)).reshape(-1)).squeeze(1)

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from grpokit import distributed as dist
+from grpokit.algo import multi_objective_advantages
 from grpokit.prompts import columns_for_rewards
 
 log = logging.getLogger("grpokit")
@@ -158,3 +160,18 @@ def combine(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     total = torch.nansum(weighted, dim=1)
     none_applied = torch.isnan(rewards).all(dim=1)
     return torch.where(none_applied, torch.full_like(total, math.nan), total)
+
+
+def round_advantages(rewards: torch.Tensor, weights: torch.Tensor, cfg, device) -> tuple:
+    """A round's advantages from this process's (N, F) rewards: (every process's (N_g, F)
+    rewards, their weighted sum (N_g,), this process's (N,) advantages on ``device``).
+    Group statistics are global: every process gathers every reward first."""
+    all_rewards = dist.all_gather_cat(rewards)  # (N_global, F)
+    total = combine(all_rewards, weights)  # (N_global,)
+    adv_all = multi_objective_advantages(
+        all_rewards, weights, cfg.num_generations,
+        scale_rewards=cfg.scale_rewards_mode, estimator=cfg.advantage_estimator,
+        multi_objective_aggregation=cfg.multi_objective_aggregation,
+    )  # fmt: skip
+    N, r = rewards.shape[0], dist.rank()
+    return all_rewards, total, adv_all[r * N : (r + 1) * N].to(device)

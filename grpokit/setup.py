@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from grpokit import distributed as dist
+from grpokit.algo import AdaptiveEntropy
 from grpokit.batch import MicroBatchPlan
 from grpokit.config import ConfigError, GRPOConfig
 from grpokit.evaluation import held_out_rows
-from grpokit.forward import LogProbs, is_checkpointing
+from grpokit.forward import LogProbs, cast_lm_head_to_fp32, is_checkpointing
 from grpokit.optim import EIGHT_BIT, LOW_PRECISION, build_optimizer, build_scheduler, params_to_clip
 from grpokit.prompts import PromptSampler
 from grpokit.reference import Reference, frozen_copy
@@ -166,6 +167,8 @@ def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
     )
     model.to(device)
     model.train()
+    if cfg.cast_lm_head_to_fp32:  # before the reference copy: it is cast too (as TRL)
+        cast_lm_head_to_fp32(model)
     amp_dtype = torch.bfloat16 if cfg.bf16 else None
     ref = None
     if cfg.beta > 0 and not cfg.use_peft:  # with LoRA the reference is the adapter-disabled base
@@ -315,11 +318,20 @@ def _step_pieces(cfg, m: Models, strategy, device):
     own_attention = (
         cfg.attention_backward and device.type == "cpu" and not is_checkpointing(m.model)
     )
+    entropy = AdaptiveEntropy(
+        cfg.entropy_coef,
+        adaptive=cfg.use_adaptive_entropy,
+        coef_min=cfg.entropy_coef_min,
+        coef_max=cfg.entropy_coef_max,
+        delta=cfg.entropy_coef_delta,
+        target=cfg.entropy_target,
+    )
     logprobs = LogProbs(
         temperature=cfg.temperature,
         amp_dtype=m.amp_dtype,
         fused=cfg.fused_logprobs,
         share_prompts=cfg.share_prompt_forward,
+        entropy_grad=entropy.enabled,
     )
     loss_args = dict(
         loss_type=cfg.loss_type,
@@ -328,6 +340,7 @@ def _step_pieces(cfg, m: Models, strategy, device):
         beta=cfg.beta,
         importance_sampling_level=cfg.importance_sampling_level,
         max_completion_length=cfg.max_completion_length,
+        **_frontier_loss_args(cfg),
     )
     correction = SamplingCorrection(
         mode=cfg.vllm_importance_sampling_mode,
@@ -342,6 +355,7 @@ def _step_pieces(cfg, m: Models, strategy, device):
         record_old_logp=cfg.num_iterations > 1,
         correction=correction,
         own_attention_backward=own_attention,
+        entropy=entropy,
     )
     return logprobs, gradients
 
@@ -354,6 +368,17 @@ def hub(cfg: GRPOConfig):
     from grpokit.hub import hub_for
 
     return hub_for(cfg)
+
+
+def _frontier_loss_args(cfg: GRPOConfig) -> dict[str, Any]:
+    """The newer losses' and stabilisers' keywords of ``algo.policy_loss`` (at their
+    defaults the older loss types run exactly the operations they always ran)."""
+    keys = (
+        "delta", "sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
+        "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "top_entropy_quantile",
+        "off_policy_mask_threshold", "use_bias_correction_kl",
+    )  # fmt: skip
+    return {k: getattr(cfg, k) for k in keys}
 
 
 def trackers(cfg: GRPOConfig) -> list:

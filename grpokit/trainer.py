@@ -20,7 +20,6 @@ import yaml
 
 from grpokit import distributed as dist
 from grpokit import setup
-from grpokit.algo import group_advantages
 from grpokit.batch import Batch
 from grpokit.checkpoint import (
     NonFiniteSkips,
@@ -33,12 +32,13 @@ from grpokit.checkpoint import (
     set_rng_state,
 )
 from grpokit.config import GRPOConfig, save_config
+from grpokit.dynamic import Groups, fill_batch
 from grpokit.evaluation import describe_eval, evaluate_rows, format_comparison, save_eval
 from grpokit.launch import check_launch, launch_from_env, training_strategy
 from grpokit.logging import MetricsLogger, truncate_logs
 from grpokit.metrics import accuracy, completions_table, round_metrics
 from grpokit.prompts import render_prompts, tokenize_prompts
-from grpokit.scoring import combine, score_rollout
+from grpokit.scoring import round_advantages, score_rollout
 from grpokit.speed.heap import HeapRelease
 from grpokit.status import RunStatus, StopRequests
 
@@ -175,23 +175,21 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ one round
     def collect_round(self) -> tuple[Batch, dict[str, Any], list[dict[str, Any]]]:
-        """Take the next prompts, sample G completions each, score them, compute the
-        advantages (and the reference log-probs): the round's batch, its metrics and its
-        completions table."""
+        """Sample and score a generation batch (with dynamic sampling: until the batch is
+        full of informative groups, ``grpokit.dynamic``), compute the advantages and the
+        reference log-probs: the round's batch, its metrics and its completions table."""
         c, G = self.cfg, self.cfg.num_generations
-        idx = self.data.sampler.next()
-        n, r = self.data.prompts_per_rank, dist.rank()
-        rows = [self.train_rows[i] for i in idx[r * n : (r + 1) * n]]
-        t0 = time.time()
-        texts = render_prompts(self.tokenizer, [r["prompt"] for r in rows])
-        p_ids, p_mask = tokenize_prompts(
-            self.tokenizer, texts, c.max_prompt_length, c.prompt_truncation, self.counters
-        )
-        ro = self.engine.generate(p_ids, p_mask, self.sampling, num_generations=G)
-        fault_point("generation", self.step + 1)
+        extra: dict[str, Any] = {}
+        if c.dynamic_sampling:
+            g, extra = fill_batch(
+                self._generate_groups, self.rewards.weights, G, self.data.prompts_per_rank,
+                c.max_num_gen_batches, self.tokenizer.pad_token_id or 0,
+            )  # fmt: skip
+        else:
+            g = self._generate_groups()
+        rows, ro, rewards = g.rows, g.rollout, g.rewards
         t1 = time.time()
-        prompts = [r["prompt"] for r in rows for _ in range(G)]
-        rewards, all_rewards, total, adv = self._score(rows, ro)
+        all_rewards, total, adv = round_advantages(rewards, self.rewards.weights, c, self.device)
         t2 = time.time()
         loss_mask = ro.completion_mask.clone()
         if c.mask_truncated_completions:
@@ -204,36 +202,39 @@ class GRPOTrainer:
         batch = Batch(ro, loss_mask, adv, None, ref_logp)
         t3 = time.time()
         m = round_metrics(ro, total, all_rewards, self.rewards.names, G)
-        m.update({"time/generation": t1 - t0, "time/scoring": t2 - t1, "time/reference": t3 - t2})
+        m.update({"time/generation": g.seconds[0], "time/scoring": g.seconds[1] + t2 - t1})
+        m.update({"time/reference": t3 - t2, **extra})
         if getattr(self.engine, "sync_seconds", None) is not None:
             m["time/weight_sync"] = self.engine.sync_seconds
         m["accuracy"] = accuracy(self.task, ro.texts, rows, G, total.numel())
         table = []
         if c.log_completions:
-            N = rewards.shape[0]
+            N, r = rewards.shape[0], dist.rank()
+            prompts = [row["prompt"] for row in rows for _ in range(G)]
             local_total = total[r * N : (r + 1) * N]
             table = completions_table(
                 prompts, ro.texts, rewards, local_total, adv, self.rewards.names
             )
         return batch, m, table
 
-    def _score(self, rows, ro):
-        """(this process's (N, F) rewards, every process's (N_g, F), combined (N_g,),
-        this process's (N,) advantages). Group statistics are global."""
+    def _generate_groups(self) -> Groups:
+        """The next generation batch of this process: prompts, completions, (N, F) rewards."""
+        c, G = self.cfg, self.cfg.num_generations
+        idx = self.data.sampler.next()
+        n, r = self.data.prompts_per_rank, dist.rank()
+        rows = [self.train_rows[i] for i in idx[r * n : (r + 1) * n]]
+        t0 = time.time()
+        texts = render_prompts(self.tokenizer, [r["prompt"] for r in rows])
+        p_ids, p_mask = tokenize_prompts(
+            self.tokenizer, texts, c.max_prompt_length, c.prompt_truncation, self.counters
+        )
+        ro = self.engine.generate(p_ids, p_mask, self.sampling, num_generations=G)
+        fault_point("generation", self.step + 1)
+        t1 = time.time()
         rewards = score_rollout(
-            self.rewards.funcs,
-            rows,
-            ro,
-            self.cfg.num_generations,
-            on_error=self.cfg.reward_errors,
-            counters=self.counters,
+            self.rewards.funcs, rows, ro, G, on_error=c.reward_errors, counters=self.counters
         )  # (N, F)
-        all_rewards = dist.all_gather_cat(rewards)  # (N_global, F)
-        total = combine(all_rewards, self.rewards.weights)  # (N_global,)
-        adv_all = group_advantages(total, self.cfg.num_generations, self.cfg.scale_rewards_mode)
-        N = rewards.shape[0]
-        adv = adv_all[dist.rank() * N : (dist.rank() + 1) * N].to(self.device)
-        return rewards, all_rewards, total, adv
+        return Groups(rows, ro, rewards, (t1 - t0, time.time() - t1))
 
     def optimizer_step(self, b: Batch) -> dict[str, Any]:
         """One optimizer step over the round's batch: micro-batches + gradient accumulation."""
@@ -338,6 +339,7 @@ class GRPOTrainer:
                     "sampler": self.data.sampler.state_dict(),
                     "counters": self.counters,
                     "total_steps": self.total_steps,
+                    "entropy_control": self.opt.gradients.state_dict(),
                 },
                 config_yaml=yaml.safe_dump(c.to_dict(), sort_keys=False),
                 ref_model=self.reference.to_save(self.step),
@@ -364,6 +366,7 @@ class GRPOTrainer:
         self.data.sampler.load_state_dict(st["sampler"])
         self.step = self.resumed_from = st["global_step"]
         self.counters = dict(st.get("counters", {}))
+        self.opt.gradients.load_state_dict(st.get("entropy_control"))
         set_rng_state(files["rng"])
         if dist.is_main():
             truncate_logs(self.out, self.step)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grpokit import distributed as dist
-from grpokit.algo import policy_loss, sampling_is_weights
+from grpokit.algo import entropy_bonus, policy_loss, sampling_is_weights
 from grpokit.batch import Batch
 from grpokit.checkpoint import fault_point
 from grpokit.metrics import TokenWeightedMeans
@@ -51,10 +51,13 @@ class GradientPass:
         record_old_logp: bool,
         correction: SamplingCorrection,
         own_attention_backward: bool,
+        entropy=None,
     ):
         self.model, self.logprobs, self.strategy = model, logprobs, strategy
         self.loss_args, self.record_old_logp = loss_args, record_old_logp
         self.correction, self.own_attention = correction, own_attention_backward
+        # algo.AdaptiveEntropy when the loss has an entropy bonus (entropy_coef or adaptive)
+        self.entropy = entropy if entropy is not None and entropy.enabled else None
 
     def run(self, b: Batch, micro_batches: list[torch.Tensor], step: int) -> GradientResult:
         """Forward, loss and backward of each micro-batch of ``b`` (for optimizer step
@@ -67,6 +70,8 @@ class GradientPass:
         if self.record_old_logp and b.old_logp is None:
             record = torch.zeros_like(b.loss_mask, dtype=torch.float32)
         res = GradientResult()
+        s_logps = b.rollout.sampling_logps
+        window = torch.zeros(2, dtype=torch.float64)  # the bonus tokens' entropy sum, count
         for sl in micro_batches:
             with training_attention(self.own_attention):
                 logp, ent = self.logprobs(self.model, b.rollout, sl, with_entropy=True)
@@ -84,10 +89,13 @@ class GradientPass:
                 num_tokens=num_tokens,
                 entropy=ent,
                 is_weights=is_w,
+                sampling_logp=None if s_logps is None else s_logps[sl],
             )
             m.update(is_m)
             if self.loss_args["loss_type"] == "bnpo":  # average over micro-batches/ranks
                 loss = loss / per_mb
+            if self.entropy is not None:
+                loss = self._minus_bonus(loss, ent, b.loss_mask[sl], num_tokens, per_mb, window)
             if not torch.isfinite(loss):
                 res.finite = False
                 if not self.strategy.every_rank_runs_backward:
@@ -98,7 +106,33 @@ class GradientPass:
             res.means.add(m, b.loss_mask[sl].sum().item())
         if record is not None and res.finite:
             b.old_logp = record  # (a skipped micro-batch loop leaves it None: recorded again)
+        if self.entropy is not None:  # every rank ran the loop: the collective is safe
+            total = dist.all_reduce_sum(window)
+            self.entropy.update((total[0] / total[1].clamp(min=1.0)).item())
+            res.means.extremes["entropy_coef"] = self.entropy.coef
         return res
+
+    def state_dict(self) -> dict[str, float] | None:
+        """What a checkpoint keeps: the adaptive entropy coefficient and last entropy."""
+        return None if self.entropy is None else self.entropy.state_dict()
+
+    def load_state_dict(self, state: dict[str, float] | None) -> None:
+        if self.entropy is not None and state:
+            self.entropy.load_state_dict(state)
+
+    def _minus_bonus(self, loss, ent, mask, num_tokens, per_mb, window):
+        """``loss - coef * H`` (TRL's entropy bonus), H this micro-batch's share of the mean
+        token entropy; adds the micro-batch's entropy sum and count to ``window``."""
+        term, e_sum, e_count = entropy_bonus(
+            ent,
+            mask,
+            loss_type=self.loss_args["loss_type"],
+            top_entropy_quantile=self.loss_args.get("top_entropy_quantile", 1.0),
+            num_tokens=num_tokens,
+            num_micro_batches=per_mb,
+        )
+        window += torch.stack([e_sum, e_count]).double().cpu()
+        return loss - self.entropy.applied() * term
 
     def _sampling_weights(self, b: Batch, sl, logp, means: TokenWeightedMeans):
         """IS weights of the sampler's log-probs vs ours under the same weights, and their

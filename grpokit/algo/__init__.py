@@ -11,20 +11,40 @@ import importlib
 from typing import TYPE_CHECKING
 
 from grpokit.algo.variants import (
+    ADVANTAGE_ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
+    MULTI_OBJECTIVE_AGGREGATIONS,
     SAMPLING_IS_MODES,
     SCALE_REWARDS,
 )
 
 if TYPE_CHECKING:
-    from grpokit.algo.advantages import group_advantages
+    from grpokit.algo.advantages import (
+        group_advantages,
+        informative_groups,
+        multi_objective_advantages,
+    )
     from grpokit.algo.logprobs import entropy_from_logits, linear_logprobs, selective_log_softmax
     from grpokit.algo.losses import policy_loss, sampling_is_weights
+    from grpokit.algo.stabilisers import (
+        AdaptiveEntropy,
+        entropy_bonus,
+        gamma_weights,
+        high_entropy_mask,
+        off_policy_mask,
+    )
 
 # public function -> the module of this package that defines it
 _FUNCTIONS = {
     "group_advantages": "advantages",
+    "informative_groups": "advantages",
+    "multi_objective_advantages": "advantages",
+    "AdaptiveEntropy": "stabilisers",
+    "entropy_bonus": "stabilisers",
+    "gamma_weights": "stabilisers",
+    "high_entropy_mask": "stabilisers",
+    "off_policy_mask": "stabilisers",
     "entropy_from_logits": "logprobs",
     "linear_logprobs": "logprobs",
     "selective_log_softmax": "logprobs",
@@ -33,12 +53,21 @@ _FUNCTIONS = {
 }
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
+    "MULTI_OBJECTIVE_AGGREGATIONS",
     "SAMPLING_IS_MODES",
     "SCALE_REWARDS",
+    "AdaptiveEntropy",
+    "entropy_bonus",
     "entropy_from_logits",
+    "gamma_weights",
     "group_advantages",
+    "high_entropy_mask",
+    "informative_groups",
+    "multi_objective_advantages",
+    "off_policy_mask",
     "linear_logprobs",
     "policy_loss",
     "sampling_is_weights",

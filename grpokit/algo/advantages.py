@@ -6,9 +6,11 @@ groups as ``rewards.view(B, G)``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from grpokit.algo.variants import SCALE_REWARDS
+from grpokit.algo.variants import ADVANTAGE_ESTIMATORS, MULTI_OBJECTIVE_AGGREGATIONS, SCALE_REWARDS
 
 
 def _nan_mean_std(x: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,8 +29,10 @@ def group_advantages(
     group_size: int,
     scale_rewards: str = "group",
     eps: float = 1e-4,
+    *,
+    estimator: str = "grpo",
 ) -> torch.Tensor:
-    """Advantages ``(r - group mean) / (std + eps)``.
+    """Advantages ``(r - baseline) / (std + eps)``.
 
     Args:
         rewards: (B*G,) total reward per completion; NaN marks a completion that no
@@ -39,6 +43,10 @@ def group_advantages(
             TRL's "batch"); ``"none"`` does not divide (Dr. GRPO, Liu et al. 2025,
             arXiv:2503.20783).
         eps: added to the std.
+        estimator: the baseline. ``"grpo"``: the group mean; ``"rloo"``: the mean of the
+            other completions of the group (leave-one-out, Ahmadian et al. 2024,
+            arXiv:2402.14740; verl's ``rloo``), which is G/(G-1) times the GRPO
+            difference. verl and TRL's RLOOTrainer do not divide: use scale_rewards "none".
 
     Returns:
         (B*G,) advantages, finite everywhere.
@@ -50,6 +58,8 @@ def group_advantages(
         )
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ADVANTAGE_ESTIMATORS}, got {estimator!r}")
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     # float64 statistics: with large rewards and a small spread (e.g. 349295, 349293,
     # 349284) float32 loses the differences to rounding and the group no longer sums to 0
@@ -57,6 +67,9 @@ def group_advantages(
     r = rewards.view(-1, group_size)  # (B, G)
     mean, std = _nan_mean_std(r, dim=1)  # (B, 1)
     adv = r - mean
+    if estimator == "rloo":  # r - (sum - r) / (n - 1) = (r - mean) * n / (n - 1)
+        n = (~torch.isnan(r)).sum(dim=1, keepdim=True).to(r.dtype)
+        adv = adv * n / (n - 1)  # a group with one scored completion: NaN -> 0
     if scale_rewards == "group":
         adv = adv / (torch.nan_to_num(std, nan=0.0) + eps)
     elif scale_rewards == "batch":
@@ -72,3 +85,71 @@ def group_reward_stats(rewards: torch.Tensor, group_size: int) -> dict[str, torc
     _, std = _nan_mean_std(r, dim=1)
     std = torch.nan_to_num(std.squeeze(1), nan=0.0)
     return {"reward_std": std.mean(), "frac_reward_zero_std": (std < 1e-6).float().mean()}
+
+
+def weighted_sum(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(N, F) rewards, (F,) weights -> (N,): NaN entries (a function that does not apply)
+    left out; NaN where no function applies."""
+    total = torch.nansum(rewards * weights[None], dim=1)
+    none_applied = torch.isnan(rewards).all(dim=1)
+    return torch.where(none_applied, torch.full_like(total, float("nan")), total)
+
+
+def multi_objective_advantages(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    group_size: int,
+    *,
+    scale_rewards: str = "group",
+    multi_objective_aggregation: str = "sum_then_normalize",
+    estimator: str = "grpo",
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """(N,) advantages from (N, F) rewards of F functions (NaN: the function does not apply
+    to that completion) and their (F,) weights, as TRL computes them.
+
+    ``sum_then_normalize``: the weighted sum of each row (``weighted_sum``), then
+    ``group_advantages`` with ``scale_rewards`` and ``estimator``.
+    ``normalize_then_sum`` (GDPO, arXiv:2601.05242): each function normalised within each
+    group, ``(r_k - mean_k) / (std_k + eps)``, then the weighted sum, then normalised over
+    the whole batch, ``(s - mean) / (std + eps)``; ``scale_rewards`` does not apply (as TRL),
+    and only the grpo estimator. Stds are unbiased, NaN-aware; rows no function applies to
+    get 0."""
+    if multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
+        raise ValueError(
+            f"multi_objective_aggregation must be one of {MULTI_OBJECTIVE_AGGREGATIONS}, "
+            f"got {multi_objective_aggregation!r}"
+        )
+    if rewards_per_func.dim() != 2 or reward_weights.shape != rewards_per_func.shape[1:]:
+        raise ValueError(
+            f"rewards_per_func must be (N, F) and reward_weights (F,), got "
+            f"{tuple(rewards_per_func.shape)} and {tuple(reward_weights.shape)}"
+        )
+    if multi_objective_aggregation == "sum_then_normalize":
+        total = weighted_sum(rewards_per_func, reward_weights)
+        return group_advantages(total, group_size, scale_rewards, eps, estimator=estimator)
+    if estimator != "grpo":
+        raise ValueError("normalize_then_sum uses the group mean baseline (estimator grpo)")
+    N, F = rewards_per_func.shape
+    if N % group_size:
+        raise ValueError(f"{N} rows are not a multiple of group_size={group_size}")
+    r = rewards_per_func.double().view(-1, group_size, F)
+    mean, std = _nan_mean_std(r, dim=1)  # (B, 1, F)
+    std = torch.nan_to_num(std, nan=0.0)
+    per_func = ((r - mean) / (std + eps)).view(N, F)
+    s = torch.nansum(per_func * reward_weights.double()[None], dim=1)
+    s = torch.where(torch.isnan(rewards_per_func).all(dim=1), float("nan"), s)
+    bmean, bstd = _nan_mean_std(s, dim=None)
+    adv = (s - bmean) / (torch.nan_to_num(bstd, nan=0.0) + eps)
+    out_dtype = rewards_per_func.dtype if rewards_per_func.is_floating_point() else torch.float32
+    return torch.nan_to_num(adv, nan=0.0).to(out_dtype)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) bool: groups whose scored rewards are not all equal (DAPO's dynamic sampling
+    keeps only these; a group with fewer than two scored completions is not informative)."""
+    r = rewards.double().view(-1, group_size)
+    valid = ~torch.isnan(r)
+    hi = torch.where(valid, r, torch.full_like(r, -math.inf)).max(dim=1).values
+    lo = torch.where(valid, r, torch.full_like(r, math.inf)).min(dim=1).values
+    return (valid.sum(dim=1) >= 2) & (hi > lo)

@@ -7,10 +7,14 @@ is first used).
 """
 
 # how the per-token terms are aggregated (losses.policy_loss)
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 # the ratio per token (GRPO) or one per sequence (GSPO) (losses.policy_loss)
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 # the weight correcting for another engine's sampling (losses.sampling_is_weights)
 SAMPLING_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # what the group-relative advantage is divided by (advantages.group_advantages)
 SCALE_REWARDS = ("group", "batch", "none")
+# how the group baseline is formed (advantages.group_advantages)
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
+# how several reward functions become one advantage (advantages.multi_objective_advantages)
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")

@@ -1,0 +1,144 @@
+"""Variants benchmark: the default recipe with each loss type and with dynamic sampling,
+several seeds each; held-out accuracy before/after and wall time, as a markdown table.
+Not a test (a full run is hours of CPU: 10 variants x 3 seeds x the default recipe).
+
+    python bench/variants.py [--seeds 0 1 2] [--variants dapo cispo ...] [--out DIR]
+                             [-- --key value ...]   (extra overrides for every run)
+
+Each run is ``grpokit train recipes/default.yaml`` with the variant's keys, ``--seed`` and
+``--bf16 false`` (this CPU has no native bf16; see README), in its own output_dir. The
+table (mean and each seed) goes to ``DIR/variants.md`` and ``DIR/variants.json``.
+A smoke run on the tiny offline model: ``--tiny`` (1 step, 1 seed, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> overrides of the default recipe (dapo with clip-higher 0.28 is the recipe itself)
+VARIANTS: dict[str, dict] = {
+    "dapo (default)": {},
+    "grpo": {"loss_type": "grpo"},
+    "bnpo": {"loss_type": "bnpo"},
+    "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none"},
+    "gspo": {"loss_type": "grpo", "importance_sampling_level": "sequence"},
+    "cispo": {"loss_type": "cispo", "epsilon_high": 5.0},
+    "sapo": {"loss_type": "sapo"},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    "vespo": {"loss_type": "vespo"},
+    "dapo + dynamic sampling": {"dynamic_sampling": True, "max_num_gen_batches": 4},
+}
+TINY = {
+    "task": "arithmetic",
+    "task_params": "{digits: 1, train_size: 64, test_size: 8}",
+    "num_generations": 4,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "max_completion_length": 8,
+    "max_eval_samples": 8,
+    "max_steps": 1,
+    "save_steps": 0,
+    "reward_funcs": "null",
+    "reward_weights": "null",
+    "system_prompt": "null",
+}
+
+
+def _flags(d: dict) -> list[str]:
+    return [x for k, v in d.items() for x in (f"--{k}", str(v).lower() if isinstance(v, bool) else str(v))]  # fmt: skip
+
+
+def run_one(name: str, overrides: dict, seed: int, out: Path, extra: list[str]) -> dict:
+    """One training run; its held-out accuracy before/after and wall time."""
+    out_dir = out / f"{name.split()[0].replace('+', '')}-{name.count('+')}-seed{seed}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    cmd = [
+        sys.executable, "-m", "grpokit", "train", str(ROOT / "recipes" / "default.yaml"),
+        *_flags({**overrides, "seed": seed, "bf16": False, "output_dir": out_dir}), *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.time()
+    rc = subprocess.call(cmd, env=env)
+    wall = time.time() - t0
+    summary = out_dir / "eval_summary.json"
+    if rc != 0 or not summary.exists():
+        return {"variant": name, "seed": seed, "failed": f"exit {rc}", "wall_seconds": wall}
+    s = json.loads(summary.read_text())
+    return {
+        "variant": name,
+        "seed": seed,
+        "accuracy_before": s["before"]["accuracy"],
+        "accuracy_after": s["after"]["accuracy"],
+        "wall_seconds": wall,
+    }
+
+
+def table(results: list[dict], command: str) -> str:
+    """The markdown table: one row per variant, mean over seeds and each seed's gain."""
+    lines = [
+        f"Measured {datetime.date.today().isoformat()} with `{command}`.",
+        "",
+        "| variant | accuracy before | accuracy after (mean) | gain (points, per seed) "
+        "| wall time per run (min) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name in dict.fromkeys(r["variant"] for r in results):
+        rs = [r for r in results if r["variant"] == name and "failed" not in r]
+        failed = [r for r in results if r["variant"] == name and "failed" in r]
+        if not rs:
+            lines.append(f"| {name} | failed | | | |")
+            continue
+        gains = ", ".join(f"{100 * (r['accuracy_after'] - r['accuracy_before']):+.1f}" for r in rs)
+        lines.append(
+            f"| {name} | {statistics.mean(r['accuracy_before'] for r in rs):.3f} "
+            f"| {statistics.mean(r['accuracy_after'] for r in rs):.3f} | {gains} "
+            f"| {statistics.mean(r['wall_seconds'] for r in rs) / 60:.1f} |"
+            + (f" ({len(failed)} failed)" if failed else "")
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--variants", nargs="+", default=None, help="first words of the names")
+    p.add_argument("--out", default="outputs/bench-variants")
+    p.add_argument("--tiny", action="store_true", help="1-step smoke run on the tiny model")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.tiny:
+        from grpokit.testing import make_tiny_model
+
+        tiny = make_tiny_model(out / "tiny-model", seed=0)
+        extra = [*_flags({**TINY, "model_name_or_path": tiny}), *extra]
+        a.seeds = a.seeds[:1]
+    chosen = {k: v for k, v in VARIANTS.items() if a.variants is None or k.split()[0] in a.variants}
+    results = [
+        run_one(name, ov, seed, out, extra) for name, ov in chosen.items() for seed in a.seeds
+    ]
+    command = "python bench/variants.py " + " ".join(argv + (["--", *extra] if extra else []))
+    md = table(results, command)
+    (out / "variants.json").write_text(json.dumps(results, indent=1))
+    (out / "variants.md").write_text(md)
+    print(md)
+    return 0 if all("failed" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

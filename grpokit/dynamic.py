@@ -1,0 +1,140 @@
+"""DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, section 3.2).
+
+A group whose completions all got the same reward has zero advantage everywhere: it costs a
+forward and backward and teaches nothing. With ``dynamic_sampling`` a round drops such
+groups and samples more prompts until the step has its full batch: ``prompts_per_step``
+groups over all processes. TRL has no dynamic sampling (huggingface/trl#3708); verl's
+``filter_groups`` does the same with ``max_num_gen_batches`` (0: no limit).
+
+Processes: each keeps its own groups whole (a group never crosses processes) and every
+process samples again while any of them has fewer than its share, so the batch is full on
+every process and therefore globally; groups beyond a process's share are discarded, as
+verl discards beyond the batch size. When ``max_num_gen_batches`` generation batches did
+not fill it, the round is filled with dropped groups (zero advantage, no gradient signal)
+and ``dynamic_sampling/filled_groups`` counts them: the step still runs at its full size
+instead of stopping the run (verl raises an error there).
+
+Exact resume holds as for any round: the loop draws from the same prompt order and RNG,
+and checkpoints are written between rounds only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from grpokit import distributed as dist
+from grpokit.algo.advantages import informative_groups, weighted_sum
+from grpokit.rollout.base import Rollout
+
+
+@dataclass
+class Groups:
+    """One process's part of a generation batch: its prompt rows, their G completions each,
+    the (N, F) rewards of those completions, and the seconds spent generating and scoring."""
+
+    rows: list
+    rollout: Rollout
+    rewards: torch.Tensor
+    seconds: tuple[float, float] = (0.0, 0.0)
+
+
+def select_rows(ro: Rollout, idx: torch.Tensor) -> Rollout:
+    """The completions ``idx`` (an index tensor) of ``ro``."""
+    s_lp = None if ro.sampling_logps is None else ro.sampling_logps[idx]
+    return Rollout(
+        ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
+        ro.completion_mask[idx], ro.truncated[idx], [ro.texts[i] for i in idx.tolist()], s_lp,
+    )  # fmt: skip
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Rollouts stacked row-wise: prompts left-padded, completions right-padded to the
+    longest (``pad_id`` and mask 0 in the new padding)."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    C = max(r.completion_ids.shape[1] for r in parts)
+
+    def left(x, value):
+        return F.pad(x, (P - x.shape[1], 0), value=value)
+
+    def right(x, value):
+        return F.pad(x, (0, C - x.shape[1]), value=value)
+
+    cat = torch.cat
+    s_lp = None
+    if all(r.sampling_logps is not None for r in parts):
+        s_lp = cat([right(r.sampling_logps, 0.0) for r in parts])
+    return Rollout(
+        cat([left(r.prompt_ids, pad_id) for r in parts]),
+        cat([left(r.prompt_mask, 0) for r in parts]),
+        cat([right(r.completion_ids, pad_id) for r in parts]),
+        cat([right(r.completion_mask, 0) for r in parts]),
+        cat([r.truncated for r in parts]),
+        [t for r in parts for t in r.texts],
+        s_lp,
+    )
+
+
+def _take(g: Groups, groups: torch.Tensor, G: int) -> Groups:
+    """The groups ``groups`` (indices, in order) of ``g``."""
+    rows_idx = (groups[:, None] * G + torch.arange(G)[None]).reshape(-1)
+    return Groups(
+        [g.rows[i] for i in groups.tolist()], select_rows(g.rollout, rows_idx), g.rewards[rows_idx]
+    )
+
+
+def _join(parts: list[Groups], pad_id: int) -> Groups:
+    return Groups(
+        [r for p in parts for r in p.rows],
+        concat_rollouts([p.rollout for p in parts], pad_id),
+        torch.cat([p.rewards for p in parts]),
+    )
+
+
+def fill_batch(
+    generate: Callable[[], Groups],
+    weights: torch.Tensor,
+    group_size: int,
+    groups_per_rank: int,
+    max_num_gen_batches: int,
+    pad_id: int,
+) -> tuple[Groups, dict[str, float]]:
+    """Generation batches from ``generate`` until every process holds ``groups_per_rank``
+    informative groups (their combined rewards not all equal); the batch of the first
+    ``groups_per_rank`` of them, and the metrics ``dynamic_sampling/num_gen_batches``,
+    ``dynamic_sampling/dropped_frac`` (dropped groups / generated groups, all processes)
+    and ``dynamic_sampling/filled_groups``."""
+    kept: list[Groups] = []
+    dropped: list[Groups] = []
+    n_kept = n_batches = 0
+    gen = score = 0.0
+    while True:
+        g = generate()
+        n_batches += 1
+        gen, score = gen + g.seconds[0], score + g.seconds[1]
+        good = informative_groups(weighted_sum(g.rewards, weights), group_size)
+        kept.append(_take(g, torch.nonzero(good).squeeze(1), group_size))
+        dropped.append(_take(g, torch.nonzero(~good).squeeze(1), group_size))
+        n_kept += int(good.sum())
+        short = dist.all_reduce_sum(torch.tensor(float(n_kept < groups_per_rank))).item()
+        if short == 0 or (max_num_gen_batches and n_batches >= max_num_gen_batches):
+            break
+    pool = _join(kept + dropped, pad_id)
+    n_fill = max(groups_per_rank - n_kept, 0)
+    out = _take(pool, torch.arange(groups_per_rank), group_size)
+    out.seconds = (gen, score)
+    counts = dist.all_reduce_sum(
+        torch.tensor([float(n_kept), float(n_batches * len(g.rows)), float(n_fill)])
+    ).tolist()
+    generated = max(counts[1], 1.0)
+    metrics = {
+        "dynamic_sampling/num_gen_batches": float(n_batches),
+        "dynamic_sampling/dropped_frac": (generated - counts[0]) / generated,
+        "dynamic_sampling/filled_groups": counts[2],
+    }
+    return out, metrics

@@ -1,0 +1,212 @@
+"""The newer losses, stabilisers, estimators and dynamic sampling from a recipe: two tiny
+training steps each, the entropy bonus's logged loss, cast_lm_head_to_fp32, and DAPO's
+dynamic sampling (its selection, and exact resume)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.config import build_config
+from grpokit.dynamic import Groups, fill_batch
+from grpokit.rollout.base import Rollout
+
+BASE = dict(
+    task="arithmetic",
+    task_params={"digits": 1, "train_size": 64, "test_size": 8},
+    num_generations=4,
+    per_device_train_batch_size=8,
+    gradient_accumulation_steps=1,
+    max_completion_length=8,
+    learning_rate=1e-3,
+    max_steps=2,
+    save_steps=0,
+    max_eval_samples=0,
+    seed=1,
+)
+
+
+def _run(tmp_path, model_dir, name, resume=None, trainer_hook=None, **kw):
+    from grpokit.trainer import GRPOTrainer
+
+    cfg = build_config(
+        {**BASE, "model_name_or_path": model_dir, "output_dir": str(tmp_path / name), **kw}
+    )
+    tr = GRPOTrainer(cfg, resume=resume)
+    if trainer_hook:
+        trainer_hook(tr)
+    tr.train()
+    rows = [
+        json.loads(x) for x in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
+    return tr, rows
+
+
+VARIANTS = [
+    {"loss_type": "cispo", "epsilon_high": 5.0},
+    {"loss_type": "sapo"},
+    {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+    {"loss_type": "vespo", "num_iterations": 2},
+    {"loss_type": "grpo", "delta": 2.0, "num_iterations": 2},
+    {"top_entropy_quantile": 0.2},
+    {"off_policy_mask_threshold": 0.01, "num_iterations": 2},
+    {"use_bias_correction_kl": True, "beta": 0.04, "num_iterations": 2},
+    {"advantage_estimator": "rloo", "scale_rewards": "none"},
+    {"multi_objective_aggregation": "normalize_then_sum"},
+    {"entropy_coef": 0.01},
+    {"use_adaptive_entropy": True, "entropy_coef": 0.01, "entropy_target": 10.0},
+    {"cast_lm_head_to_fp32": True, "bf16": True},
+    {"dynamic_sampling": True, "max_num_gen_batches": 3},
+]
+
+
+@pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_variant_trains_two_steps(tmp_path, tiny_model_dir, kw):
+    tr, rows = _run(tmp_path, tiny_model_dir, "v", **kw)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]), r
+    lt = tr.cfg.loss_type
+    if lt == "cispo":
+        assert "cispo_clip_ratio" in rows[0] and "clip_ratio/region_mean" not in rows[0]
+    if lt == "vespo":
+        assert rows[0]["vespo/phi_seq_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy
+    if tr.cfg.dynamic_sampling:
+        assert 1 <= rows[0]["dynamic_sampling/num_gen_batches"] <= 3
+        assert 0.0 <= rows[0]["dynamic_sampling/dropped_frac"] <= 1.0
+
+
+def test_entropy_bonus_is_subtracted_from_the_logged_loss(tmp_path, tiny_model_dir):
+    """dapo, one micro-batch: the step-1 loss is the policy loss minus coef * the mean token
+    entropy (the same rollout, the model not yet updated)."""
+    _, plain = _run(tmp_path, tiny_model_dir, "plain", max_steps=1)
+    _, bonus = _run(tmp_path, tiny_model_dir, "bonus", max_steps=1, entropy_coef=0.5)
+    assert plain[0]["reward"] == bonus[0]["reward"]
+    expected = plain[0]["loss"] - 0.5 * plain[0]["entropy"]
+    assert bonus[0]["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert bonus[0]["entropy_coef"] == 0.5
+
+
+def test_adaptive_entropy_moves_the_coefficient_and_resumes(tmp_path, tiny_model_dir):
+    kw = dict(use_adaptive_entropy=True, entropy_coef=0.01, entropy_coef_delta=0.002, max_steps=3)
+    _, rows = _run(tmp_path, tiny_model_dir, "up", entropy_target=100.0, **kw)
+    assert [r["entropy_coef"] for r in rows] == pytest.approx([0.012, 0.014, 0.016])
+    _, rows = _run(tmp_path, tiny_model_dir, "down", entropy_target=0.0, **kw)
+    assert [r["entropy_coef"] for r in rows] == pytest.approx([0.008, 0.006, 0.004])
+    # the controller's state is in the checkpoint
+    tr, _ = _run(tmp_path, tiny_model_dir, "ck", entropy_target=100.0, save_steps=3, **kw)
+    state = json.loads((tmp_path / "ck" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["entropy_control"]["entropy_coef"] == pytest.approx(0.016)
+
+
+def test_cast_lm_head_to_fp32(tiny_model_dir):
+    from grpokit.forward import Float32Head, cast_lm_head_to_fp32
+    from grpokit.models import load_model_and_tokenizer
+
+    model, _, _ = load_model_and_tokenizer(tiny_model_dir, dtype="bfloat16")
+    cast_lm_head_to_fp32(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head, Float32Head) and head.weight.dtype == torch.float32
+    ids = torch.tensor([[1, 2, 3]])
+    assert model.get_input_embeddings()(ids).dtype == torch.bfloat16  # tied: cast back
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids).logits
+    assert logits.dtype == torch.float32
+    hs = model.get_decoder()(ids).last_hidden_state
+    torch.testing.assert_close(logits, hs.float() @ head.weight.T)
+
+
+# ----------------------------------------------------------------- dynamic sampling
+def _groups(rewards_per_group, G=2, start=0):
+    """A fake generation batch: group k's completions have the rewards given."""
+    B = len(rewards_per_group)
+    N = B * G
+    C = 3 + (start // 2) % 2  # different widths, so concatenation pads
+    ro = Rollout(
+        torch.full((N, 2), 7), torch.ones(N, 2, dtype=torch.long),
+        torch.arange(N * C).view(N, C), torch.ones(N, C, dtype=torch.long),
+        torch.zeros(N, dtype=torch.bool), [f"t{start + k}.{j}" for k in range(B) for j in range(G)],
+    )  # fmt: skip
+    rewards = torch.tensor([x for g in rewards_per_group for x in g]).view(N, 1)
+    return Groups([f"p{start + k}" for k in range(B)], ro, rewards, (1.0, 0.5))
+
+
+def test_fill_batch_keeps_informative_groups_in_order():
+    batches = iter(
+        [
+            _groups([[1.0, 1.0], [0.0, 1.0]], start=0),  # p0 dropped, p1 kept
+            _groups([[0.0, 0.0], [0.5, 0.0]], start=2),  # p2 dropped, p3 kept
+            _groups([[1.0, 0.0], [1.0, 0.0]], start=4),  # never reached
+        ]
+    )
+    out, m = fill_batch(lambda: next(batches), torch.ones(1), 2, 2, 0, pad_id=0)
+    assert out.rows == ["p1", "p3"]
+    assert out.rollout.texts == ["t1.0", "t1.1", "t3.0", "t3.1"]
+    assert out.rewards.squeeze(1).tolist() == [0.0, 1.0, 0.5, 0.0]
+    assert out.rollout.completion_ids.shape == (4, 4)  # padded to the wider batch
+    assert out.rollout.completion_mask[:2, 3].tolist() == [0, 0]
+    assert m["dynamic_sampling/num_gen_batches"] == 2
+    assert m["dynamic_sampling/dropped_frac"] == 0.5
+    assert m["dynamic_sampling/filled_groups"] == 0
+    assert out.seconds == (2.0, 1.0)
+
+
+def test_fill_batch_limit_fills_with_dropped_groups():
+    batches = iter([_groups([[1.0, 1.0], [0.0, 0.0]]), _groups([[0.0, 1.0], [2.0, 2.0]], start=2)])
+    out, m = fill_batch(lambda: next(batches), torch.ones(1), 2, 2, 2, pad_id=0)
+    assert out.rows == ["p2", "p0"]  # the informative one first, then the first dropped
+    assert m["dynamic_sampling/filled_groups"] == 1
+    assert m["dynamic_sampling/dropped_frac"] == 0.75
+
+
+def test_dynamic_sampling_resumes_exactly(tmp_path, tiny_model_dir):
+    kw = dict(dynamic_sampling=True, max_num_gen_batches=2, max_steps=4, save_steps=2)
+    ta, a = _run(tmp_path, tiny_model_dir, "a", **kw)
+
+    def stop_at_2(tr):
+        real = tr.optimizer_step
+
+        def step(batch):
+            out = real(batch)
+            if tr.step == 2:
+                tr.request_stop()
+            return out
+
+        tr.optimizer_step = step
+
+    _run(tmp_path, tiny_model_dir, "b", trainer_hook=stop_at_2, **kw)
+    tc, _ = _run(tmp_path, tiny_model_dir, "b", resume=True, **kw)
+    b = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    keys = ("loss", "reward", "grad_norm", "dynamic_sampling/num_gen_batches")
+    for ra, rb in zip(a, b):
+        for k in keys:
+            assert ra[k] == rb[k], (ra["step"], k)
+    for (n, pa), (_, pc) in zip(ta.model.named_parameters(), tc.model.named_parameters()):
+        assert torch.equal(pa, pc), n
+
+
+def test_dynamic_sampling_on_two_ranks_fills_every_rank(tmp_path, tiny_model_dir):
+    """Two gloo ranks: every round's batch is full on each rank (2 groups of 4), both ranks
+    agree on the number of generation batches, and the run logs its metrics."""
+    import os
+    import subprocess
+    import sys
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(here.parents[1]), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "two"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", "29531", str(here / "_dynamic_worker.py"), tiny_model_dir, str(out),
+    ]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, timeout=600)
+    s0 = json.loads((out / "sizes-0.json").read_text())
+    s1 = json.loads((out / "sizes-1.json").read_text())
+    assert [n for n, _ in s0] == [8, 8] and [n for n, _ in s1] == [8, 8]
+    assert [b for _, b in s0] == [b for _, b in s1]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in rows)
