@@ -1,7 +1,8 @@
 """Atomic checkpoints and exact resume.
 
 A checkpoint ``OUTPUT_DIR/checkpoint-N/`` holds the model (a transformers directory, or a
-peft adapter), ``optimizer.pt``, ``scheduler.pt``, ``rng.pt`` (python, numpy, torch),
+peft adapter), ``optimizer.pt`` (with bf16/fp16 weights also their fp32 master copies, see
+``optim.MasterWeights``), ``scheduler.pt``, ``rng.pt`` (python, numpy, torch),
 ``trainer_state.json`` (step counters, data order and position), ``config.yaml`` and, when
 the reference model has been synced, ``ref_model.pt``. It is written to a hidden temporary
 directory and renamed into place, so a crash leaves either the whole checkpoint or none.
@@ -176,10 +177,20 @@ RESUME_LOCKED_KEYS = (
 )  # fmt: skip
 
 
+def _optimizer_kind(optim: str | None) -> str:
+    """Optimizers whose checkpointed states load into each other share a kind (a checkpoint
+    from before ``optim`` existed holds torch's AdamW)."""
+    from grpokit.config import OPTIMS_8BIT
+
+    return "8bit" if optim in OPTIMS_8BIT else "adamw"
+
+
 def check_resume_config(saved: dict[str, Any], cfg, ckpt: Path) -> None:
     """Refuse to resume from ``ckpt`` (whose config was ``saved``) when ``cfg`` changes a key
     of ``RESUME_LOCKED_KEYS``, naming each change."""
     diffs = [k for k in RESUME_LOCKED_KEYS if saved.get(k) != getattr(cfg, k)]
+    if _optimizer_kind(saved.get("optim")) != _optimizer_kind(cfg.optim):
+        diffs.append("optim")  # AdamW and 8-bit AdamW states do not load into each other
     if diffs:
         lines = ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(cfg, k)!r}" for k in diffs)
         raise ValueError(

@@ -45,6 +45,24 @@ SCHEDULERS = (
     "constant",
     "constant_with_warmup",
 )
+# lr_scheduler_kwargs each schedule uses (transformers' get_scheduler signatures)
+SCHEDULER_KWARGS = {
+    "linear": (),
+    "cosine": ("num_cycles",),
+    "cosine_with_min_lr": ("num_cycles", "min_lr", "min_lr_rate"),
+    "constant": (),
+    "constant_with_warmup": (),
+}
+# optim: transformers' names grpokit runs (grpokit/optim.py); the 8-bit ones need bitsandbytes
+OPTIMS_8BIT = ("adamw_8bit", "adamw_bnb_8bit", "paged_adamw_8bit")
+OPTIMS = ("adamw_torch_fused", "adamw_torch", *OPTIMS_8BIT)
+# transformers' names grpokit refuses, with the nearest accepted one
+OPTIM_ALTERNATIVES = {
+    "adamw_torch_8bit": "adamw_8bit (bitsandbytes; torchao's is not supported)",
+    "adamw_torch_4bit": "adamw_8bit (bitsandbytes; torchao's 4-bit is not supported)",
+    "paged_adamw_32bit": "adamw_torch_fused",
+    "adamw_hf": "adamw_torch_fused",
+}
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
@@ -99,7 +117,8 @@ class GRPOConfig:
     lora_target_modules: str | list | None = None  # None = all linear layers
     merge_lora: bool = True
     # where this process trains: auto (cuda:LOCAL_RANK when torch sees a GPU, else cpu),
-    # cpu, cuda (= cuda:LOCAL_RANK) or cuda:N. Rewards and scoring always run on the CPU.
+    # cpu, cuda (= cuda:LOCAL_RANK) or cuda:N. Reward functions run on the CPU; reward
+    # models (sequence classifiers in reward_funcs) on this device.
     device: str = "auto"
 
     # task and data
@@ -120,6 +139,9 @@ class GRPOConfig:
     reward_funcs: list | None = None  # None: the task's defaults
     reward_weights: list | None = None
     reward_errors: str = "raise"  # or "skip"
+    # tokenizers of reward-model entries of reward_funcs (TRL's key): a list aligned with
+    # reward_funcs (null for non-models) or one directory / hub id for every reward model
+    reward_processing_classes: str | list | None = None
     max_nonfinite_skips: int = 3  # consecutive non-finite steps before the run stops
 
     # generation
@@ -174,6 +196,9 @@ class GRPOConfig:
     learning_rate: float = 1e-6
     lr_scheduler_type: str = "linear"
     lr_scheduler_kwargs: dict = field(default_factory=dict)
+    # AdamW kind: adamw_torch_fused, adamw_torch, adamw_8bit (= adamw_bnb_8bit; bitsandbytes),
+    # paged_adamw_8bit. bf16/fp16 trainable weights always get fp32 master weights.
+    optim: str = "adamw_torch_fused"
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -188,7 +213,10 @@ class GRPOConfig:
     torch_num_threads: int | None = None
 
     # evaluation
-    do_eval: bool = True  # false: no held-out split is loaded and no evaluation runs
+    # null (default): evaluate when the dataset has a held-out split (dataset_test_split or
+    # task_params test_size), else train with evaluation skipped and say so; true: the
+    # held-out split must exist; false: no held-out split is loaded and no evaluation runs
+    do_eval: bool | None = None
     eval_steps: int = 0
     max_eval_samples: int = 200
     per_device_eval_batch_size: int = 32
@@ -333,6 +361,19 @@ def _check_vllm(c: GRPOConfig) -> None:
 def _check_rewards(c: GRPOConfig) -> None:
     _check(c.reward_errors in ("raise", "skip"), "reward_errors: use raise or skip")
     _check(c.max_nonfinite_skips >= 1, "max_nonfinite_skips must be >= 1")
+    rpc = c.reward_processing_classes
+    if isinstance(rpc, list):
+        _check(
+            all(x is None or isinstance(x, str) for x in rpc),
+            f"reward_processing_classes={rpc}: each entry is a tokenizer directory, a hub id "
+            "or null",
+        )
+        if c.reward_funcs is not None:
+            _check(
+                len(rpc) == len(c.reward_funcs),
+                f"reward_processing_classes has {len(rpc)} entries but reward_funcs has "
+                f"{len(c.reward_funcs)}; give one per function (null for non-models)",
+            )
     if c.reward_weights is None:
         return
     _check(
@@ -353,11 +394,50 @@ def _check_optimization(c: GRPOConfig) -> None:
         f"lr_scheduler_type={c.lr_scheduler_type!r}: use one of {SCHEDULERS}",
     )
     _check(c.learning_rate > 0, f"learning_rate={c.learning_rate} must be > 0")
+    _check_optim(c.optim)
+    _check_scheduler_kwargs(c)
     _check(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio} must be in [0, 1)")
     _check(c.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 disables clipping)")
     _check(
         c.max_steps > 0 or c.num_train_epochs > 0,
         "set max_steps > 0 or num_train_epochs > 0 so that the run has some length",
+    )
+
+
+def _check_optim(optim: str) -> None:
+    if optim in OPTIM_ALTERNATIVES:
+        raise ConfigError(
+            f"optim={optim!r} is not supported by grpokit; use {OPTIM_ALTERNATIVES[optim]}"
+        )
+    _check(optim in OPTIMS, f"optim={optim!r}: use one of {', '.join(OPTIMS)}")
+
+
+def _check_scheduler_kwargs(c: GRPOConfig) -> None:
+    kw = c.lr_scheduler_kwargs
+    _check(isinstance(kw, dict), f"lr_scheduler_kwargs={kw!r} must be a mapping")
+    accepted = SCHEDULER_KWARGS[c.lr_scheduler_type]
+    unused = [k for k in kw if k not in accepted]
+    _check(
+        not unused,
+        f"lr_scheduler_kwargs {unused} are not used by lr_scheduler_type "
+        f"{c.lr_scheduler_type}; it accepts {list(accepted) or 'none'}",
+    )
+    for k, v in kw.items():
+        _check(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+            f"lr_scheduler_kwargs {k}={v!r} must be a number",
+        )
+    _check(
+        not ("min_lr" in kw and "min_lr_rate" in kw),
+        "lr_scheduler_kwargs: set one of min_lr and min_lr_rate, not both",
+    )
+    _check(kw.get("num_cycles", 0.5) > 0, "lr_scheduler_kwargs num_cycles must be > 0")
+    _check(
+        0 <= kw.get("min_lr_rate", 0.0) <= 1, "lr_scheduler_kwargs min_lr_rate must be in [0, 1]"
+    )
+    _check(
+        0 <= kw.get("min_lr", 0.0) <= c.learning_rate,
+        f"lr_scheduler_kwargs min_lr must be in [0, learning_rate={c.learning_rate}]",
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -10,9 +11,36 @@ from typing import Any
 
 import torch
 
-from grpokit.prompts import render_prompts, tokenize_prompts
+from grpokit.prompts import prompt_text, render_prompts, tokenize_prompts
 from grpokit.rollout.base import SamplingParams
 from grpokit.scoring import reward_name, score_rollout
+
+log = logging.getLogger("grpokit")
+
+
+def held_out_rows(cfg, task):
+    """The rows held-out evaluation runs on, or none: ``do_eval: false`` or
+    ``max_eval_samples: 0`` load nothing; a dataset without the held-out split trains with
+    evaluation skipped (one line says so) unless ``do_eval: true`` asked for it."""
+    from grpokit.tasks.sources import SplitNotFound, TaskDataError
+
+    if cfg.do_eval is False or cfg.max_eval_samples == 0:
+        return []
+    try:
+        return task.build(cfg.dataset_test_split, limit=cfg.max_eval_samples)
+    except SplitNotFound as e:
+        if cfg.do_eval:
+            raise TaskDataError(
+                f"do_eval is true, but there is no held-out {cfg.dataset_test_split!r} split: {e}; "
+                "or set do_eval: false to train without evaluation"
+            ) from e
+        log.warning(
+            "no held-out %r split in %s, so evaluation is skipped (set task_params test_size "
+            "to hold out a seeded slice, or dataset_test_split to the split that exists)",
+            cfg.dataset_test_split,
+            task.source,
+        )
+        return []
 
 
 def evaluate(
@@ -56,7 +84,7 @@ def evaluate(
             if len(examples) < keep_examples:
                 examples.append(
                     {
-                        "prompt": chunk[i // num_samples]["prompt"][-1]["content"],
+                        "prompt": prompt_text(chunk[i // num_samples]["prompt"]),
                         "completion": ro.texts[i],
                         "correct": ok[i],
                     }

@@ -10,6 +10,7 @@ import torch
 
 from grpokit import distributed as dist
 from grpokit.algo.advantages import group_reward_stats
+from grpokit.prompts import prompt_text
 
 
 def _nan_none(x: float):
@@ -51,7 +52,7 @@ def completions_table(prompts, texts, rewards, total, adv, reward_names) -> list
     ``total`` holds this process's rows only."""
     return [
         {
-            "prompt": prompts[i][-1]["content"],
+            "prompt": prompt_text(prompts[i]),
             "completion": texts[i],
             "reward": _nan_none(total[i].item()),
             "rewards": {n: _nan_none(rewards[i, j].item()) for j, n in enumerate(reward_names)},

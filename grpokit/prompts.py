@@ -57,12 +57,20 @@ class PromptSampler:
         self._perm = self._permutation(self.epoch)
 
 
-def render_prompts(tokenizer, messages: list[list[dict[str, str]]]) -> list[str]:
-    """Chat messages -> prompt strings through the tokenizer's chat template."""
+def render_prompts(tokenizer, prompts: list[str | list[dict[str, str]]]) -> list[str]:
+    """Model inputs as text: chat messages through the tokenizer's chat template (with the
+    generation prompt); a plain string (TRL's "standard", non-conversational format) as it is."""
     return [
-        tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
-        for m in messages
+        p
+        if isinstance(p, str)
+        else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        for p in prompts
     ]
+
+
+def prompt_text(prompt: str | list[dict[str, str]]) -> str:
+    """What a person reads as the prompt: the string, or the last message's content."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
 
 
 def tokenize_prompts(

@@ -67,6 +67,14 @@ def _value(fn, v, completion, on_error: str = "raise", counters: dict | None = N
     return x
 
 
+def _count_truncated(fn, counters: dict | None) -> None:
+    """A reward model's inputs cut to its maximum length, summed in
+    ``counters["reward_model_truncated"]`` (present, from 0, whenever a reward model runs)."""
+    cut = getattr(fn, "last_truncated", None)
+    if counters is not None and isinstance(cut, int):
+        counters["reward_model_truncated"] = counters.get("reward_model_truncated", 0) + cut
+
+
 def _show(completion: Any, n: int = 200) -> str:
     text = completion if isinstance(completion, str) else str(completion)
     return repr(text[:n] + ("..." if len(text) > n else ""))
@@ -92,6 +100,7 @@ def score(
     for j, fn in enumerate(funcs):
         try:
             vals = _call(fn, prompts, completions, columns)
+            _count_truncated(fn, counters)
         except RewardError:
             raise
         except Exception as batch_exc:  # find the sample(s) that break it

@@ -10,6 +10,7 @@ always, after ``torch.manual_seed(cfg.seed)``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,10 @@ import torch
 from grpokit import distributed as dist
 from grpokit.batch import MicroBatchPlan
 from grpokit.config import ConfigError, GRPOConfig, check_processes
+from grpokit.evaluation import held_out_rows
 from grpokit.forward import LogProbs, is_checkpointing
 from grpokit.launch import Launch, check_launch
-from grpokit.optim import build_optimizer, build_scheduler
+from grpokit.optim import EIGHT_BIT, LOW_PRECISION, build_optimizer, build_scheduler, params_to_clip
 from grpokit.prompts import PromptSampler
 from grpokit.reference import Reference, frozen_copy
 from grpokit.rollout.base import SamplingParams
@@ -40,10 +42,11 @@ def preflight(
     """Every refusal a run makes before any model loads, in one place: ``grpokit train``
     calls it at start with its own launch, ``grpokit plan`` with the launch it is asked
     about (``--accelerate_config``, ``--num_processes``), so plan refuses what train would:
-    the config's process-count checks, the launch checks, the task and its rewards, and
-    (``check_packages``: where training runs, not where it is planned) the packages the
-    recipe needs (deepspeed, vllm). Returns (task, rewards) for the run to keep. The row
-    count against the prompts per step is ``PromptSampler``'s check, which both reach."""
+    the config's process-count checks, the launch checks, the task, and (``check_packages``:
+    where training runs, not where it is planned) the packages the recipe needs (deepspeed,
+    vllm) and the rewards (reward models load their weights onto ``device``). Returns
+    (task, rewards or None) for the run to keep. The row count against the prompts per
+    step is ``PromptSampler``'s check, which both reach."""
     check_processes(cfg, num_processes)
     check_launch(cfg, launch, device, deepspeed_installed=None if check_packages else True)
     if check_packages and cfg.use_vllm:
@@ -54,7 +57,9 @@ def preflight(
         except VLLMError as e:
             raise ConfigError(f"{e}; or set use_vllm: false") from e
     task = build_task(cfg)
-    return task, build_rewards(cfg, task)
+    if not check_packages:  # planning: reward models are weights, which plan never loads
+        return task, None
+    return task, build_rewards(cfg, task, device)
 
 
 def build_task(cfg: GRPOConfig):
@@ -68,8 +73,14 @@ def build_task(cfg: GRPOConfig):
         system_prompt=cfg.system_prompt,
         seed=cfg.seed,
         dataset_prompt_column=cfg.dataset_prompt_column,
+        train_split=cfg.dataset_train_split,
         **cfg.task_params,
     )
+
+
+# the errors get_reward_funcs raises for an entry it cannot make (unknown name, bad
+# parameter, missing plugin file, module or name); a reward model's are ModelSourceErrors
+SPEC_ERRORS = (KeyError, TypeError, ValueError, FileNotFoundError, ImportError, AttributeError)
 
 
 @dataclass
@@ -79,16 +90,27 @@ class Rewards:
     names: list[str]
 
 
-def build_rewards(cfg: GRPOConfig, task) -> Rewards:
-    """The recipe's reward functions and weights, or the task's defaults."""
+def build_rewards(cfg: GRPOConfig, task, device: torch.device | None = None) -> Rewards:
+    """The recipe's reward functions and weights, or the task's defaults. Reward models
+    (sequence classifiers) load in the run's dtype onto ``device``, the training device."""
     from grpokit.rewards import get_reward_funcs
 
     specs = cfg.reward_funcs if cfg.reward_funcs is not None else list(task.default_reward_funcs)
     if not specs:
-        raise ValueError(
+        raise ConfigError(
             f"task {cfg.task!r} has no default rewards; set reward_funcs in the recipe"
         )
-    funcs = get_reward_funcs(specs)
+    try:
+        funcs = get_reward_funcs(
+            specs,
+            processing_classes=cfg.reward_processing_classes,
+            device=device if device is not None else torch.device("cpu"),
+            dtype=cfg.torch_dtype,
+            trust_remote_code=cfg.trust_remote_code,
+        )
+    except SPEC_ERRORS as e:  # what get_reward_funcs says about an entry: one line
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise ConfigError(f"reward_funcs: {message}") from e
     if cfg.reward_weights is not None:
         weights = list(cfg.reward_weights)
     elif cfg.reward_funcs is None and task.default_reward_weights is not None:
@@ -96,7 +118,10 @@ def build_rewards(cfg: GRPOConfig, task) -> Rewards:
     else:
         weights = [1.0] * len(funcs)
     if len(weights) != len(funcs):
-        raise ValueError(f"{len(weights)} reward_weights for {len(funcs)} reward_funcs")
+        raise ConfigError(
+            f"{len(weights)} reward_weights for {len(funcs)} reward_funcs (the task's defaults "
+            "when reward_funcs is unset); give one weight per function"
+        )
     return Rewards(
         funcs, torch.tensor(weights, dtype=torch.float32), [reward_name(f) for f in funcs]
     )
@@ -105,8 +130,8 @@ def build_rewards(cfg: GRPOConfig, task) -> Rewards:
 @dataclass
 class Data:
     task: Any
-    train_rows: list
-    eval_rows: list
+    train_rows: Sequence  # rows made when read (grpokit.tasks.base.SourceRows) or a list
+    eval_rows: Sequence
     sampler: PromptSampler
     prompts_per_rank: int
     total_steps: int
@@ -115,11 +140,7 @@ class Data:
 def build_data(cfg: GRPOConfig, task) -> Data:
     """Training and held-out rows, the seeded prompt order, and the number of steps."""
     train_rows = task.build(cfg.dataset_train_split, limit=cfg.max_train_samples)
-    eval_rows = (
-        task.build(cfg.dataset_test_split, limit=cfg.max_eval_samples)
-        if cfg.do_eval and cfg.max_eval_samples > 0
-        else []
-    )
+    eval_rows = held_out_rows(cfg, task)
     W = dist.world_size()  # prompts_per_step % W == 0: config.check_processes
     sampler = PromptSampler(len(train_rows), cfg.prompts_per_step, cfg.seed)
     if cfg.max_steps > 0:
@@ -250,6 +271,8 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
     params = [p for p in m.model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
+    if strategy.sharded:
+        _check_sharded_optimizer(cfg, params, strategy)
     optimizer = build_optimizer(params, cfg)
     if strategy.sharded:
         m.model, optimizer, m.ref_copy = strategy.prepare(m.model, optimizer, m.ref_copy)
@@ -258,6 +281,7 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
         params = [p for p in m.model.parameters() if p.requires_grad]
     else:
         sparse_tied_embedding_grad(m.model)
+    params = params_to_clip(optimizer, params)  # the fp32 master weights when there are any
     logprobs, gradients = _step_pieces(cfg, m, strategy, device)
     reference = Reference(
         m.model,
@@ -273,6 +297,23 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
     )
     scheduler = build_scheduler(optimizer, cfg, total_steps)
     return Optimization(params, optimizer, scheduler, reference, logprobs, plan, gradients)
+
+
+def _check_sharded_optimizer(cfg, params: list, strategy) -> None:
+    """FSDP and DeepSpeed own the optimizer's sharding: grpokit's fp32 master weights and
+    bitsandbytes' 8-bit AdamW are for unsharded training only."""
+    where = strategy.launch.describe()
+    if any(p.dtype in LOW_PRECISION for p in params):
+        raise ConfigError(
+            f"torch_dtype {cfg.torch_dtype} (bf16/fp16 trainable weights) under {where}: "
+            "grpokit keeps fp32 master weights only without sharding; use torch_dtype: "
+            "float32 with bf16: true, or torchrun / recipes/accelerate/multi_gpu.yaml"
+        )
+    if cfg.optim in EIGHT_BIT:
+        raise ConfigError(
+            f"optim {cfg.optim} under {where} is not supported; use optim: adamw_torch_fused, "
+            "or torchrun / recipes/accelerate/multi_gpu.yaml"
+        )
 
 
 def _step_pieces(cfg, m: Models, strategy, device):

@@ -266,6 +266,8 @@ class GRPOTrainer:
             reward_errors=self.counters.get("reward_errors", 0),
             truncated_prompts=self.counters.get("truncated_prompts", 0),
         )
+        if "reward_model_truncated" in self.counters:  # only runs with a reward model log it
+            out["reward_model_truncated"] = self.counters["reward_model_truncated"]
         out["time/training"] = time.time() - t0
         positions = torch.tensor(float(self.logprobs.train_positions - positions0))
         out["tokens_forward"] = dist.all_reduce_sum(positions).item()

@@ -50,7 +50,8 @@ def format_plan(plan: Plan, cfg: GRPOConfig) -> str:
         f"  weights                                {_gb(m['weights'])}",
         f"  reference model                        {_gb(m['reference'])}",
         f"  sampling copy of the weights (whole)   {_gb(m['sampling_copy'])}",
-        f"  AdamW states                           {_gb(m['optimizer'])}",
+        f"  {'AdamW states (' + cfg.optim + ')':<39}{_gb(m['optimizer'])}",
+        f"  {'fp32 master weights':<39}{_gb(m['master_weights'])}",
         f"  gradients                              {_gb(m['gradients'])}",
         f"  autocast bf16 weight copies            {_gb(m['autocast_weights'])}",
         f"  {'activations, micro-batch of ' + str(b.micro_batch):<39}{_gb(m['activations'])}"

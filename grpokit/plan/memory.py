@@ -1,7 +1,7 @@
 """Bytes per device, by component: a plain formula of the config and the model's shape for
 each, checked against measured peak RSS in docs/plan.md.
 
-    peak = baseline + weights + reference + sampling copy + optimizer
+    peak = baseline + weights + reference + sampling copy + optimizer + master weights
            + max(training phase, generation phase)
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpokit.config import GRPOConfig
+from grpokit.config import OPTIMS_8BIT, GRPOConfig
 from grpokit.plan.params import lora_param_count, param_counts
 from grpokit.plan.shape import ModelShape
 
@@ -83,7 +83,7 @@ def generation_memory(
     three fp32 (sequences, V) rows and the prompt's prefill activations."""
     gen_batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     gen_len = P + C
-    if cfg.do_eval and cfg.max_eval_samples > 0:
+    if cfg.do_eval is not False and cfg.max_eval_samples > 0:
         eval_len = P + (cfg.eval_max_completion_length or C)
         eval_batch = min(cfg.per_device_eval_batch_size, cfg.max_eval_samples)
         if eval_batch * eval_len > gen_batch * gen_len:
@@ -94,6 +94,14 @@ def generation_memory(
         + gen_batch * P * (4 * m.hidden_size + 3 * m.intermediate_size) * s
     )
     return kv, gen_tmp, gen_batch
+
+
+def optimizer_bytes_per_param(cfg: GRPOConfig) -> float:
+    """AdamW's two moments per trainable parameter: fp32 (8 bytes; fp32 too when the weights
+    are bf16, whose fp32 master copies step), or bitsandbytes' 8-bit blockwise states (two
+    uint8 plus two fp32 absmax per block of 256: 2.03 bytes; its tensors under 4096 elements,
+    such as norms, keep fp32 states and are ignored here)."""
+    return 2 + 2 * 4 / 256 if cfg.optim in OPTIMS_8BIT else 8
 
 
 def sampling_copy_bytes(cfg: GRPOConfig, params: int, wb: int, zero_stage: int) -> int:
@@ -116,7 +124,7 @@ def estimate_memory(
 ) -> dict[str, Any]:
     """Bytes per device, by component. ``prompt_length`` defaults to max_prompt_length.
 
-    peak = baseline + weights + reference + sampling copy + optimizer
+    peak = baseline + weights + reference + sampling copy + optimizer + master weights
            + max(training phase, generation phase)
     training phase = gradients + autocast weight copies + activations of one micro-batch
     generation phase = KV cache + sampling temporaries
@@ -144,8 +152,11 @@ def estimate_memory(
         "baseline": PROCESS_BASELINE_BYTES,
         "weights": params * wb // shard_w,
         "reference": (params * wb // shard_w) if cfg.beta > 0 and not cfg.use_peft else 0,
-        "optimizer": 2 * trainable * tb // shard_opt,
-        "gradients": trainable * tb // shard_grad,
+        "optimizer": int(trainable * optimizer_bytes_per_param(cfg)) // shard_opt,
+        # bf16/fp16 trainable weights: their fp32 master copies (optimizer state, sharded so)
+        "master_weights": (trainable * 4 if tb < 4 else 0) // shard_opt,
+        # fp32: the master copies' gradients are fp32 too
+        "gradients": trainable * 4 // shard_grad,
         "autocast_weights": params * 2 if autocast else 0,
         "sampling_copy": sampling_copy_bytes(cfg, params, wb, zero_stage),
         "activations": ckpt_acts if cfg.gradient_checkpointing else full_acts,
@@ -166,6 +177,6 @@ def _with_peak(out: dict[str, Any]) -> dict[str, Any]:
     gen = out["kv_cache"] + out["generation_temporaries"]
     out["training_phase"] = train
     out["generation_phase"] = gen
-    static = ("baseline", "weights", "reference", "sampling_copy", "optimizer")
+    static = ("baseline", "weights", "reference", "sampling_copy", "optimizer", "master_weights")
     out["peak"] = sum(out[k] for k in static) + max(train, gen)
     return out

@@ -2,7 +2,8 @@
 
 ``CountdownTask.is_correct`` is ``countdown_score(...) == 1.0`` and its ``is_formatted`` is
 ``is_think_answer_format``; the rewards ``countdown`` (and its alias ``countdown_correct``)
-and ``countdown_format`` call the same functions.
+and ``swift_format`` (ms-swift's ``format``; alias ``countdown_format``) call the same
+functions.
 
 Rule: take the FIRST ``<answer>...</answer>`` on one line; drop everything from the first
 ``=``; the integers written (``\\d+`` runs) must equal the ``nums`` column as a multiset; only
@@ -117,7 +118,15 @@ def countdown_correct(prompts, completions, nums, target, **kwargs) -> list[floa
     return _scores(completions, nums, target)
 
 
+@register_reward("swift_format")
+def swift_format(prompts, completions, **kwargs) -> list[float]:
+    """ms-swift's ``format`` reward: 1.0 for ``<think>...</think>``, optional whitespace,
+    then ``<answer>...</answer>`` and nothing after (any text inside the tags, newlines or
+    not), else 0.0. open-r1's ``format`` also demands newlines around every tag."""
+    return [float(is_think_answer_format(completion_text(c))) for c in completions]
+
+
 @register_reward("countdown_format")
 def countdown_format(prompts, completions, **kwargs) -> list[float]:
-    """1.0 for ``<think>...</think>`` then ``<answer>...</answer>`` and nothing after."""
-    return [float(is_think_answer_format(completion_text(c))) for c in completions]
+    """The same reward as ``swift_format``, under the name the countdown task gave it."""
+    return swift_format(prompts, completions)

@@ -47,6 +47,7 @@ def lookup(name: str) -> tuple[Callable[..., Any], bool]:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise KeyError(
             f"unknown reward function {name!r}{hint} Known: {', '.join(sorted(_REGISTRY))}; "
-            "or give a plugin as 'module:function' or 'path/to/file.py:function'"
+            "or give a plugin as 'module:function' or 'path/to/file.py:function', or a reward "
+            "model's directory"
         )
     return _REGISTRY[name]

@@ -54,7 +54,7 @@ def task_for_dataset(dataset_name: str | None) -> str | None:
     id's name (``/data/OpenR1-Math-220k``). None when unknown."""
     if not dataset_name:
         return None
-    name = str(dataset_name).rstrip("/").replace("\\", "/").split("/")[-1].lower()
+    name = str(dataset_name).rsplit("#", 1)[0].rstrip("/").replace("\\", "/").split("/")[-1].lower()
     for task, cls in _TASKS.items():
         if any(k.split("/")[-1].lower() == name for k in cls.known_datasets):
             return task
@@ -73,9 +73,13 @@ def get_task(
     system_prompt: str | None = None,
     seed: int = 0,
     dataset_prompt_column: str | None = None,
+    train_split: str = "train",
     **params: Any,
 ) -> Task:
-    """The task ``name`` configured with a dataset, system prompt, seed and its own params."""
+    """The task ``name`` configured with a dataset, system prompt, seed and its own params.
+
+    ``dataset_name`` may end in ``#N``: N rows of ``train_split`` drawn by ``seed``
+    (ms-swift's sample count; see ``grpokit.tasks.sources.sample_indices``)."""
     if name not in _TASKS:
         close = difflib.get_close_matches(name, list(_TASKS), n=1, cutoff=0.4)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -88,6 +92,7 @@ def get_task(
         seed=seed,
         params=params,
         prompt_column=dataset_prompt_column,
+        train_split=train_split,
     )
 
 

@@ -10,19 +10,33 @@ functions as a keyword argument, repeated for each of the prompt's G completions
 Held-out data is always explicit: split "test" is either the source's own test split, or,
 when the task parameter ``test_size`` is set, a seeded slice of the source's train split
 that the "train" split then leaves out.
+
+Rows read from a dataset are made when they are read (``SourceRows``): building a split
+checks every row once, a batch at a time, and keeps only their positions, so a 220k-row
+source is never held as Python dicts.
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from grpokit.tasks.sources import SplitNotFound, TaskDataError, load_table
+from grpokit.tasks.sources import (
+    SplitNotFound,
+    Table,
+    TaskDataError,
+    load_table,
+    parse_dataset_name,
+    sample_indices,
+)
 
 SPLITS = ("train", "test")
+log = logging.getLogger("grpokit")
 
 
 @dataclass
@@ -43,6 +57,8 @@ class Task:
     # A dataset column to read the prompt text from instead of the task's own column
     # (TRL/open-r1's ``dataset_prompt_column``); None keeps ``source_prompt_column``.
     prompt_column: str | None = None
+    # The split that ``dataset_name``'s ``#N`` (ms-swift's sample count) applies to.
+    train_split: str = "train"
 
     # Reward functions a recipe gets when it names none, and their weights.
     default_reward_funcs: tuple[Any, ...] = ()
@@ -56,6 +72,9 @@ class Task:
     # The source column the task reads its prompt text from; None for tasks whose prompts
     # are built from other columns or generated (dataset_prompt_column does not apply).
     source_prompt_column: ClassVar[str | None] = None
+    # The source columns ``process_row`` reads; a source that has them all is read with only
+    # those (Arrow skips the others, e.g. OpenR1-Math's long ``generations``). () = all.
+    source_columns: ClassVar[tuple[str, ...]] = ()
     # Hub datasets in the task's layout: a recipe naming one (or a local copy with the same
     # directory name) and no ``task`` gets this task (see ``task_for_dataset``).
     known_datasets: ClassVar[tuple[str, ...]] = ()
@@ -66,6 +85,9 @@ class Task:
     )
 
     def __post_init__(self) -> None:
+        self.sample_count: int | None = None
+        if self.dataset_name is not None:
+            self.dataset_name, self.sample_count = parse_dataset_name(str(self.dataset_name))
         unknown = [k for k in self.params if k not in self.param_defaults]
         if unknown:
             hints = []
@@ -96,31 +118,38 @@ class Task:
     def source(self) -> str | None:
         return self.dataset_name if self.dataset_name is not None else self.default_dataset
 
-    def load_rows(self, split: str) -> list[dict[str, Any]]:
-        """Rows of ``split`` ("train" or "test"), each a dict of plain values."""
-        out = []
+    def load_rows(self, split: str) -> Sequence[dict[str, Any]]:
+        """Rows of ``split`` ("train" or "test") as the task's columns, each a dict of plain
+        values, made when read; every row is processed once here to check it."""
+        return SourceRows.scan(self, self.source_rows(split), split)
+
+    def task_row(self, r: dict[str, Any], i: int, split: str) -> dict[str, Any] | None:
+        """Source row ``r`` (row ``i`` of ``split``) -> the task's columns (None drops it)."""
         target = self.prompt_source_column()
-        mapped = self.prompt_column is not None and self.prompt_column != target
-        for i, r in enumerate(self.source_rows(split)):
-            if mapped:
-                if self.prompt_column not in r:
-                    raise TaskDataError(
-                        f"task {self.name!r}: dataset_prompt_column {self.prompt_column!r} is "
-                        f"not a column of row {i} of split {split!r} (it has {sorted(r)}); set "
-                        "it to the column that holds the prompt text"
-                    )
-                r = {**r, target: r[self.prompt_column]}
-            row = self.process_row(r)
-            if row is not None:
-                out.append(row)
-        return out
+        if self.prompt_column is not None and self.prompt_column != target:
+            if self.prompt_column not in r:
+                raise TaskDataError(
+                    f"task {self.name!r}: dataset_prompt_column {self.prompt_column!r} is "
+                    f"not a column of row {i} of split {split!r} (it has {sorted(r)}); set "
+                    "it to the column that holds the prompt text"
+                )
+            r = {**r, target: r[self.prompt_column]}
+        return self.process_row(r)
 
     def process_row(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """One source row -> the task's columns (None drops the row)."""
         return dict(row)
 
-    def source_rows(self, split: str) -> list[dict[str, Any]]:
-        """Raw rows of ``split`` from ``self.source``, with the ``test_size`` hold-out applied."""
+    def columns_read(self) -> tuple[str, ...]:
+        """``source_columns``, with ``dataset_prompt_column`` in place of the prompt column."""
+        target = self.prompt_source_column()
+        if self.prompt_column is None:
+            return self.source_columns
+        return tuple(self.prompt_column if c == target else c for c in self.source_columns)
+
+    def source_rows(self, split: str) -> Table:
+        """Raw rows of ``split`` from ``self.source``, with the ``test_size`` hold-out and the
+        ``#N`` sample (training split only) applied."""
         source = self.source
         if source is None:
             raise TaskDataError(f"task {self.name!r} needs dataset_name (a path or hub id)")
@@ -131,23 +160,39 @@ class Task:
                 raise TaskDataError(
                     f"task {self.name!r} with test_size has splits {SPLITS}, not {split!r}"
                 )
-            return holdout(self._read(source, "train", config), split, test_size, self.seed)
+            table = self._read(source, "train", config)
+            return self._sampled(
+                table.select(holdout_indices(len(table), split, test_size, self.seed)), split
+            )
         p = Path(source).expanduser()
         if p.is_file() and split != "train" and not p.name.startswith(split):
-            raise TaskDataError(
+            raise SplitNotFound(
                 f"task {self.name!r}: {p} is one file, which serves as the 'train' split; for a "
                 f"held-out {split!r} split set task_params test_size (a count or a fraction, "
                 f"held out by seed), or give a directory with {split}.jsonl"
             )
         try:
-            return self._read(source, split, config)
+            return self._sampled(self._read(source, split, config), split)
         except SplitNotFound as e:
-            raise TaskDataError(
+            raise SplitNotFound(
                 f"{e}. Set task_params test_size (e.g. 500 or 0.05) to hold out a seeded "
                 "slice of the train split instead"
             ) from e
 
-    def _read(self, source: str, split: str, config: str | None) -> list[dict[str, Any]]:
+    def _sampled(self, table: Table, split: str) -> Table:
+        if self.sample_count is None or split != self.train_split:
+            return table
+        if self.sample_count > len(table):
+            log.warning(
+                "%s#%d: %d rows sampled from %d, so rows repeat (as ms-swift does)",
+                self.source,
+                self.sample_count,
+                self.sample_count,
+                len(table),
+            )
+        return table.select(sample_indices(len(table), self.sample_count, self.seed))
+
+    def _read(self, source: str, split: str, config: str | None) -> Table:
         key = f"{source}|{config}|{split}"
         if key not in self._cache:
             self._cache[key] = load_table(source, split, config)
@@ -159,6 +204,11 @@ class Task:
 
     def effective_system_prompt(self) -> str | None:
         return self.system_prompt if self.system_prompt is not None else self.default_system_prompt
+
+    def make_prompt(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
+        """The model input for ``row``: chat messages (rendered through the chat template), or
+        a plain string used as it is (TRL's "standard" format). Messages by default."""
+        return self.make_messages(row)
 
     def make_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
         messages = []
@@ -178,36 +228,93 @@ class Task:
         return True
 
     # ------------------------------------------------------------------ build
-    def build(self, split: str, limit: int | None = None) -> list[dict[str, Any]]:
-        """Rows of ``split`` rendered as chat prompts: ``{"prompt": messages, **columns}``."""
+    def build(self, split: str, limit: int | None = None) -> Sequence[dict[str, Any]]:
+        """Rows of ``split`` with their model input: ``{"prompt": messages or text, **columns}``."""
         rows = self.load_rows(split)
         if limit is not None:
             rows = rows[:limit]
-        if not rows:
+        if not len(rows):
             raise TaskDataError(
                 f"task {self.name!r}: split {split!r} of {self.source or 'its dataset'} is "
                 "empty; point dataset_name at a file or hub dataset with rows"
             )
+        if isinstance(rows, SourceRows):  # checked row by row when scanned
+            return rows.with_prompts()
         for i, row in enumerate(rows):
-            missing = [c for c in self.required_columns if c not in row]
-            if missing:
-                raise TaskDataError(
-                    f"task {self.name!r}: row {i} of split {split!r} lacks column(s) {missing} "
-                    f"(has {sorted(row)}); use a dataset with those columns or set task_params "
-                    "to map them"
-                )
-        return [{**row, "prompt": self.make_messages(row)} for row in rows]
+            self.check_columns(row, i, split)
+        return [{**row, "prompt": self.make_prompt(row)} for row in rows]
+
+    def check_columns(self, row: dict[str, Any], i: int, split: str) -> None:
+        missing = [c for c in self.required_columns if c not in row]
+        if missing:
+            raise TaskDataError(
+                f"task {self.name!r}: row {i} of split {split!r} lacks column(s) {missing} "
+                f"(has {sorted(row)}); use a dataset with those columns or set task_params "
+                "to map them"
+            )
 
 
-def holdout(
-    rows: list[dict[str, Any]], split: str, test_size: int | float, seed: int
-) -> list[dict[str, Any]]:
-    """A seeded train/test partition of ``rows``; ``test_size`` is a count or a fraction in (0, 1).
+class SourceRows(Sequence):
+    """A split's rows as the task makes them from its source table, made when read.
 
-    Both parts keep the source order; the same (rows, test_size, seed) always gives the same
+    ``scan`` processes every source row once, a batch at a time, to check it and to note
+    which rows the task keeps; only those positions are held. Reading row ``i`` processes
+    its source row again (``process_row`` is a pure function of the row).
+    """
+
+    def __init__(self, task: Task, table: Table, keep: Sequence[int], split: str, prompts=False):
+        self.task, self.table, self.keep, self.split, self.prompts = (
+            task,
+            table,
+            keep,
+            split,
+            prompts,
+        )
+
+    @classmethod
+    def scan(cls, task: Task, table: Table, split: str) -> SourceRows:
+        table = table.with_columns(task.columns_read())
+        keep: list[int] = []
+        i = 0
+        for batch in table.batches():
+            for r in batch:
+                row = task.task_row(r, i, split)
+                if row is not None:
+                    task.check_columns(row, len(keep), split)
+                    keep.append(i)
+                i += 1
+        return cls(task, table, range(i) if len(keep) == i else keep, split)
+
+    def with_prompts(self) -> SourceRows:
+        return SourceRows(self.task, self.table, self.keep, self.split, prompts=True)
+
+    def __eq__(self, other) -> bool:  # equal to a list (or any sequence) of the same rows
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return len(self.keep)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return SourceRows(self.task, self.table, self.keep[i], self.split, self.prompts)
+        j = self.keep[i]
+        row = self.task.task_row(self.table[j], j, self.split)
+        if self.prompts:
+            row = {**row, "prompt": self.task.make_prompt(row)}
+        return row
+
+
+def holdout_indices(n: int, split: str, test_size: int | float, seed: int) -> list[int]:
+    """Positions of ``split`` in a seeded train/test partition of ``n`` rows; ``test_size``
+    is a count or a fraction in (0, 1).
+
+    Both parts keep the source order; the same (n, test_size, seed) always gives the same
     partition, and the two parts never share a row.
     """
-    n = len(rows)
     if isinstance(test_size, float) and 0 < test_size < 1:
         k = max(1, round(n * test_size))
     elif isinstance(test_size, (int, float)) and not isinstance(test_size, bool):
@@ -218,5 +325,12 @@ def holdout(
         raise TaskDataError(f"test_size={test_size!r} leaves no train or no test rows of {n}")
     test_idx = set(random.Random(seed).sample(range(n), k))
     if split == "test":
-        return [r for i, r in enumerate(rows) if i in test_idx]
-    return [r for i, r in enumerate(rows) if i not in test_idx]
+        return sorted(test_idx)
+    return [i for i in range(n) if i not in test_idx]
+
+
+def holdout(
+    rows: Sequence[dict[str, Any]], split: str, test_size: int | float, seed: int
+) -> list[dict[str, Any]]:
+    """The rows of ``split`` in the seeded partition ``holdout_indices`` makes of ``rows``."""
+    return [rows[i] for i in holdout_indices(len(rows), split, test_size, seed)]

@@ -13,8 +13,10 @@ Sources (``dataset_name``):
 
 Grader: ``grpokit.rewards.countdown`` (ms-swift's countdown rule with + - * / only and
 a 512-character bound; the rule is stated in docs/rewards.md). ``is_correct`` is its
-``countdown_score == 1`` and ``is_formatted`` its ``is_think_answer_format``; the rewards
-``countdown`` (alias ``countdown_correct``) and ``countdown_format`` call the same functions.
+``countdown_score == 1`` and ``is_formatted`` its ``is_think_answer_format``; the default
+rewards ``countdown`` (alias ``countdown_correct``) and ``swift_format`` (ms-swift's
+``format``, alias ``countdown_format``) call the same functions, so the format the task trains
+on is the format it reports.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def generate_problem(rng: random.Random) -> dict[str, Any]:
 @dataclass
 class CountdownTask(Task):
     known_datasets: ClassVar[tuple[str, ...]] = (HUB_ID,)
-    default_reward_funcs: tuple = ("countdown", "format")
+    default_reward_funcs: tuple = ("countdown", "swift_format")
     default_system_prompt: str | None = SYSTEM_PROMPT
     required_columns: tuple = ("nums", "target")
 

@@ -4,8 +4,11 @@
 
 Parameters:
 
-- ``prompt_column`` (default "prompt"): the user message; a list of chat messages is used
-  as it is (the system prompt is added in front unless it already has one);
+- ``prompt_column`` (default "prompt"): a list of chat messages is used as it is (the
+  system prompt is added in front unless it already has one) and rendered through the chat
+  template; a plain string is the model input as it is, no chat template (TRL's "standard"
+  format), unless a system prompt is in effect (``system_prompt``, or ``answer_column``'s
+  default): then it is the user message after that system message;
 - ``answer_column`` (default None): the gold answer, copied to the ``answer`` column the
   ``correctness`` reward reads; with it the defaults are the gsm8k ones (reasoning/answer
   system prompt, rewards ``correctness`` + ``xml_format``, the same lenient grader);
@@ -53,6 +56,10 @@ class CustomTask(Task):
     def prompt_source_column(self) -> str | None:
         return self.prompt_column_param
 
+    def columns_read(self) -> tuple[str, ...]:
+        cols = [self.prompt_column or self.prompt_column_param, *self.reward_columns]
+        return tuple(cols + ([self.answer_column] if self.answer_column else []))
+
     def process_row(self, row: dict[str, Any]) -> dict[str, Any]:
         need = [self.prompt_column_param, *self.reward_columns]
         if self.answer_column:
@@ -68,6 +75,12 @@ class CustomTask(Task):
         if self.answer_column:
             out["answer"] = str(row[self.answer_column]).strip()
         return out
+
+    def make_prompt(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
+        p = row["prompt"]
+        if isinstance(p, str) and not self.effective_system_prompt():
+            return p
+        return self.make_messages(row)
 
     def make_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
         p = row["prompt"]

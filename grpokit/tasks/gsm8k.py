@@ -87,6 +87,7 @@ class GSM8KTask(Task):
     param_defaults: ClassVar[dict[str, Any]] = {"test_size": None, "strict": False}
     default_dataset_config: ClassVar[str | None] = "main"
     source_prompt_column: ClassVar[str | None] = "question"
+    source_columns: ClassVar[tuple[str, ...]] = ("question", "answer")
     known_datasets: ClassVar[tuple[str, ...]] = ("openai/gsm8k",)
 
     @property

@@ -48,6 +48,7 @@ class MathTask(Task):
     param_defaults: ClassVar[dict[str, Any]] = {"test_size": None}
     default_dataset: ClassVar[str | None] = HUB_ID
     source_prompt_column: ClassVar[str | None] = "problem"
+    source_columns: ClassVar[tuple[str, ...]] = ("problem", "answer", "solution")
     known_datasets: ClassVar[tuple[str, ...]] = ("open-r1/OpenR1-Math-220k",)
     default_dataset_config: ClassVar[str | None] = "default"
 

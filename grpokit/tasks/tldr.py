@@ -4,6 +4,10 @@ Sources: rows with a ``prompt`` column (the text to summarise, e.g. "SUBREDDIT: 
 ... TL;DR:"): a local file or directory, or the hub ids ``mlabonne/smoltldr`` (the
 default; train/validation/test) or ``trl-lib/tldr``.
 
+A string prompt is the model input as it is, with no chat template (TRL's "standard" format,
+as TRL's smoltldr demo trains on it); chat messages keep their user turn and go through the
+chat template. A ``system_prompt`` makes every prompt chat messages (system, then user).
+
 There is no gold answer: the reward is ``length_target`` (shorter distance to the target
 length scores higher; each row carries a ``target_length`` column, which the reward reads
 in place of its own parameter). The grader counts a completion correct when the reward's
@@ -38,6 +42,7 @@ class TLDRTask(Task):
     }
     default_dataset: ClassVar[str | None] = HUB_ID
     source_prompt_column: ClassVar[str | None] = "prompt"
+    source_columns: ClassVar[tuple[str, ...]] = ("prompt",)
     known_datasets: ClassVar[tuple[str, ...]] = ("mlabonne/smoltldr",)
 
     def configure(self) -> None:
@@ -48,10 +53,16 @@ class TLDRTask(Task):
     def process_row(self, row: dict[str, Any]) -> dict[str, Any]:
         if "prompt" not in row:
             raise TaskDataError(f"tldr rows need a 'prompt' column; got {sorted(row)}")
-        text = row["prompt"]
+        text = prompt = row["prompt"]
         if isinstance(text, list):  # already chat messages: keep the user turn
             text = next((m["content"] for m in text if m.get("role") == "user"), "")
-        return {"text": str(text), "target_length": self.target_length}
+        # the source prompt stays until build() replaces it with the model input
+        return {"prompt": prompt, "text": str(text), "target_length": self.target_length}
+
+    def make_prompt(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
+        if isinstance(row.get("prompt"), str) and not self.effective_system_prompt():
+            return row["text"]
+        return self.make_messages(row)
 
     def make_user_message(self, row: dict[str, Any]) -> str:
         return row["text"]

@@ -154,6 +154,25 @@ def test_memory_terms_by_hand():
     assert lora["gradients"] == 4 * n_lora and lora["optimizer"] == 8 * n_lora
 
 
+def test_optimizer_memory_by_dtype_and_optim():
+    """bf16 weights: fp32 AdamW moments (8 bytes), fp32 master copies (4) and fp32 master
+    gradients (4) per trainable parameter; 8-bit AdamW: 2 bytes + 2 fp32 absmax per 256."""
+    P_ = param_counts(SHAPE)["total"]
+    c = cfg(per_device_train_batch_size=4, num_generations=4)
+    f32 = estimate_memory(c, SHAPE)
+    assert f32["master_weights"] == 0 and f32["optimizer"] == 8 * P_
+    bf = estimate_memory(cfg(**{**c.to_dict(), "torch_dtype": "bfloat16"}), SHAPE)
+    assert bf["weights"] == 2 * P_ and bf["master_weights"] == 4 * P_
+    assert bf["optimizer"] == 8 * P_ and bf["gradients"] == 4 * P_
+    q = estimate_memory(cfg(**{**c.to_dict(), "optim": "adamw_8bit"}), SHAPE)
+    assert q["optimizer"] == int(P_ * (2 + 8 / 256))
+    assert q["peak"] == f32["peak"] - f32["optimizer"] + q["optimizer"]
+    qb = estimate_memory(
+        cfg(**{**c.to_dict(), "optim": "adamw_8bit", "torch_dtype": "bfloat16"}), SHAPE
+    )
+    assert qb["master_weights"] == 4 * P_
+
+
 def test_zero_stages_shard():
     c = cfg(per_device_train_batch_size=4, num_generations=4, beta=0.1)
     base = estimate_memory(c, SHAPE, num_processes=4, zero_stage=0)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from grpokit.prompts import render_prompts
 from grpokit.tasks import Task, TaskDataError, get_task, register_task, registered_tasks
 
 
@@ -63,12 +64,18 @@ def _tasks(tmp_path, write_jsonl):
 
 
 def test_every_task_renders_through_a_chat_template(tmp_path, chat_tokenizer, write_jsonl):
+    """Every task's prompts are chat messages through the template, except tldr's plain
+    string prompts (TRL's standard format), which are the model input as they are."""
     for task in _tasks(tmp_path, write_jsonl):
         for split in ("train", "test"):
             rows = task.build(split, limit=2)
             assert 1 <= len(rows) <= 2, task.name
             for row in rows:
                 msgs = row["prompt"]
+                if task.name == "tldr":
+                    assert isinstance(msgs, str) and msgs.startswith("POST: text number")
+                    assert render_prompts(chat_tokenizer, [msgs]) == [msgs]
+                    continue
                 assert msgs[-1]["role"] == "user" and msgs[-1]["content"]
                 assert all(set(m) == {"role", "content"} for m in msgs)
                 text = chat_tokenizer.apply_chat_template(
@@ -133,7 +140,7 @@ def test_dataset_prompt_column_maps_the_prompt(tmp_path, write_jsonl):
         bad.build("train")
     write_jsonl(tmp_path / "c.jsonl", [{"text": "hi", "q": "ask"} for _ in range(3)])
     c = get_task("custom", dataset_name=str(tmp_path / "c.jsonl"), dataset_prompt_column="q")
-    assert c.build("train")[0]["prompt"][-1]["content"] == "ask"
+    assert c.build("train")[0]["prompt"] == "ask"  # a plain string: the model input as is
 
 
 def test_dataset_prompt_column_is_refused_where_prompts_are_built():

@@ -72,8 +72,13 @@ def test_tldr(tmp_path, write_jsonl):
     t = get_task("tldr", dataset_name=str(tmp_path), target_length=20, tolerance=2)
     rows = t.build("train")
     assert [r["prompt"] for r in rows] == [
-        [{"role": "user", "content": "POST: a\nTL;DR:"}],
-        [{"role": "user", "content": "POST: b"}],
+        "POST: a\nTL;DR:",  # TRL's standard format: the string is the model input
+        [{"role": "user", "content": "POST: b"}],  # conversational: through the chat template
+    ]
+    t_sys = get_task("tldr", dataset_name=str(tmp_path), system_prompt="Be brief.")
+    assert t_sys.build("train")[0]["prompt"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "POST: a\nTL;DR:"},
     ]
     assert rows[0]["target_length"] == 20
     assert t.is_correct("x" * 20, rows[0]) and t.is_correct(" " + "x" * 20 + "\n", rows[0])
