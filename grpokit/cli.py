@@ -238,29 +238,43 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
+def _planned_launch(cfg, opts: argparse.Namespace):
+    """The launch ``grpokit plan`` is asked about, put through the refusals training makes
+    at start (``setup.preflight``); None (after printing why) when training would refuse."""
+    import torch
+
+    from grpokit.config import ConfigError
+    from grpokit.launch import launch_from_accelerate_config, launch_from_env
+    from grpokit.setup import preflight
+    from grpokit.tasks import TaskDataError
+
+    where = None
+    try:
+        if getattr(opts, "accelerate_config", None):
+            where = opts.accelerate_config
+            launch, nproc = launch_from_accelerate_config(opts.accelerate_config)
+            opts.num_processes = opts.num_processes or nproc
+            if launch.engine == "fsdp" or launch.zero_stage == 3:
+                opts.zero_stage = 3  # FSDP shards weights, gradients and optimizer like ZeRO-3
+            elif launch.zero_stage:
+                opts.zero_stage = launch.zero_stage
+            device = torch.device("cuda", 0)  # a launch config's processes run on GPUs
+        else:
+            launch, device = launch_from_env(), torch.device("cpu")
+        # deepspeed and vllm need installing where training runs, not necessarily here
+        preflight(cfg, launch, opts.num_processes or cfg.world_size, device, check_packages=False)
+    except (ConfigError, TaskDataError, FileNotFoundError, ValueError) as e:
+        print(f"launch error ({where}): {e}" if where else f"config error: {e}", file=sys.stderr)
+        return None
+    return launch
+
+
 def _print_plan(cfg, opts: argparse.Namespace) -> int:
     from grpokit.plan import PlanError, format_plan, make_plan
 
-    launch = None
-    if getattr(opts, "accelerate_config", None):
-        import torch
-
-        from grpokit.config import ConfigError
-        from grpokit.launch import check_launch, launch_from_accelerate_config
-
-        try:
-            launch, nproc = launch_from_accelerate_config(opts.accelerate_config)
-            # the processes of a launch config run on GPUs (cpu_2proc.yaml: data parallel);
-            # deepspeed needs installing where training runs, not necessarily here
-            check_launch(cfg, launch, torch.device("cuda", 0), deepspeed_installed=True)
-        except (ConfigError, FileNotFoundError, ValueError) as e:
-            print(f"launch error ({opts.accelerate_config}): {e}", file=sys.stderr)
-            return 2
-        opts.num_processes = opts.num_processes or nproc
-        if launch.engine == "fsdp" or launch.zero_stage == 3:
-            opts.zero_stage = 3  # FSDP shards weights, gradients and optimizer like ZeRO-3
-        elif launch.zero_stage:
-            opts.zero_stage = launch.zero_stage
+    launch = _planned_launch(cfg, opts)
+    if launch is None:
+        return 2
     try:
         plan = make_plan(
             cfg,
@@ -276,10 +290,12 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
         print(json.dumps({"config": cfg.to_dict(), "plan": plan.to_dict()}, indent=1))
     else:
         print(format_plan(plan, cfg))
-        if launch is not None:
+        if getattr(opts, "accelerate_config", None):
             print(f"launch: {launch.describe()} over {opts.num_processes} processes (checked)")
             if launch.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
                 print("note: deepspeed is not installed here; training needs pip install deepspeed")
+        if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
+            print("note: vllm is not installed here; use_vllm: true needs it where training runs")
     return 0
 
 
@@ -436,6 +452,7 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     if argv[0] in ("train", "plan"):  # free-form --key value overrides: parsed by hand
         if any(a in ("-h", "--help") for a in argv[1:]):
             parser.parse_args([argv[0], "--help"])
+        argv = _config_flag_as_recipe(argv)
         has_recipe = len(argv) > 1 and not argv[1].startswith("--")
         args = argparse.Namespace(cmd=argv[0], recipe=argv[1] if has_recipe else None)
         cmd = cmd_train if argv[0] == "train" else cmd_plan
@@ -452,6 +469,23 @@ def _dispatch(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     if args.cmd == "rollout-server":
         return cmd_rollout_server(args, rest)
     return cmd_generate(args, rest)
+
+
+def _config_flag_as_recipe(argv: list[str]) -> list[str]:
+    """``train --config R.yaml ...`` (TRL / open-r1's spelling) = ``train R.yaml ...``."""
+    from grpokit.config import ConfigError
+
+    rest = argv[1:]
+    for i, a in enumerate(rest):
+        if a == "--config" or a.startswith("--config="):
+            path = a.split("=", 1)[1] if "=" in a else (rest[i + 1] if i + 1 < len(rest) else "")
+            if not path or path.startswith("--"):
+                raise ConfigError("--config needs a recipe path: grpokit train --config R.yaml")
+            if not rest[0].startswith("--"):
+                raise ConfigError(f"two recipes: {rest[0]} and --config {path}; give one")
+            drop = 1 if "=" in a else 2
+            return [argv[0], path, *rest[:i], *rest[i + drop :]]
+    return argv
 
 
 def _input_error_label(e: Exception) -> str | None:

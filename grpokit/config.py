@@ -498,11 +498,6 @@ def _check_vllm(c: GRPOConfig) -> None:
         f"vllm_importance_sampling_cap={c.vllm_importance_sampling_cap} must be >= 1 "
         "(ratios above it are capped or masked; TRL uses 2-3)",
     )
-    _check(
-        not (c.use_vllm and c.world_size > 1),
-        "use_vllm with more than one process is not supported yet; run one process or "
-        "use_vllm: false",
-    )
 
 
 def _check_rewards(c: GRPOConfig) -> None:
@@ -602,14 +597,32 @@ def _check_batch(c: GRPOConfig) -> None:
         f"num_generations={G}: a group of one has no spread, so its advantage is always 0; "
         "use num_generations >= 2",
     )
-    n = c.completions_per_step
+    check_processes(c, c.world_size)
+
+
+def check_processes(c: GRPOConfig, world_size: int) -> None:
+    """The checks that depend on how many processes train: run on every config with this
+    process's ``WORLD_SIZE``, and by ``setup.preflight`` with the process count of a launch
+    being planned (``grpokit plan --accelerate_config / --num_processes``)."""
+    G, W = c.num_generations, world_size
+    _check(
+        not (c.use_vllm and W > 1),
+        "use_vllm with more than one process is not supported yet; run one process or "
+        "use_vllm: false",
+    )
+    n = c.per_device_train_batch_size * c.gradient_accumulation_steps * W
     _check(
         n % G == 0,
         f"completions per optimizer step = per_device_train_batch_size "
         f"({c.per_device_train_batch_size}) x gradient_accumulation_steps "
-        f"({c.gradient_accumulation_steps}) x processes ({c.world_size}) = {n}, which is not "
+        f"({c.gradient_accumulation_steps}) x processes ({W}) = {n}, which is not "
         f"divisible by num_generations ({G}); choose values so that it is, e.g. "
         f"per_device_train_batch_size={G} or num_generations dividing {n}",
+    )
+    _check(
+        (n // G) % W == 0,
+        f"{n // G} prompts per step do not split over {W} processes; choose "
+        "per_device_train_batch_size x gradient_accumulation_steps a multiple of num_generations",
     )
 
 

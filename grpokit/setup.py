@@ -19,9 +19,10 @@ import torch
 from grpokit import distributed as dist
 from grpokit.algo import AdaptiveEntropy
 from grpokit.batch import MicroBatchPlan
-from grpokit.config import ConfigError, GRPOConfig
+from grpokit.config import ConfigError, GRPOConfig, check_processes
 from grpokit.evaluation import held_out_rows
 from grpokit.forward import LogProbs, cast_lm_head_to_fp32, is_checkpointing
+from grpokit.launch import Launch, check_launch
 from grpokit.optim import EIGHT_BIT, LOW_PRECISION, build_optimizer, build_scheduler, params_to_clip
 from grpokit.prompts import PromptSampler
 from grpokit.reference import Reference, frozen_copy
@@ -30,6 +31,36 @@ from grpokit.rollout.hf import HFRolloutEngine
 from grpokit.scoring import reward_name
 from grpokit.speed.weights import sparse_tied_embedding_grad
 from grpokit.update import GradientPass, SamplingCorrection
+
+
+def preflight(
+    cfg: GRPOConfig,
+    launch: Launch,
+    num_processes: int,
+    device: torch.device,
+    check_packages: bool = True,
+):
+    """Every refusal a run makes before any model loads, in one place: ``grpokit train``
+    calls it at start with its own launch, ``grpokit plan`` with the launch it is asked
+    about (``--accelerate_config``, ``--num_processes``), so plan refuses what train would:
+    the config's process-count checks, the launch checks, the task, and (``check_packages``:
+    where training runs, not where it is planned) the packages the recipe needs (deepspeed,
+    vllm) and the rewards (reward models load their weights onto ``device``). Returns
+    (task, rewards or None) for the run to keep. The row count against the prompts per
+    step is ``PromptSampler``'s check, which both reach."""
+    check_processes(cfg, num_processes)
+    check_launch(cfg, launch, device, deepspeed_installed=None if check_packages else True)
+    if check_packages and cfg.use_vllm:
+        from grpokit.rollout.vllm_engine import VLLMError, require_vllm
+
+        try:
+            require_vllm()
+        except VLLMError as e:
+            raise ConfigError(f"{e}; or set use_vllm: false") from e
+    task = build_task(cfg)
+    if not check_packages:  # planning: reward models are weights, which plan never loads
+        return task, None
+    return task, build_rewards(cfg, task, device)
 
 
 def build_task(cfg: GRPOConfig):
@@ -112,9 +143,7 @@ def build_data(cfg: GRPOConfig, task) -> Data:
     """Training and held-out rows, the seeded prompt order, and the number of steps."""
     train_rows = task.build(cfg.dataset_train_split, limit=cfg.max_train_samples)
     eval_rows = held_out_rows(cfg, task)
-    W = dist.world_size()
-    if cfg.prompts_per_step % W:
-        raise ValueError(f"{cfg.prompts_per_step} prompts per step do not split over {W} processes")
+    W = dist.world_size()  # prompts_per_step % W == 0: config.check_processes
     sampler = PromptSampler(len(train_rows), cfg.prompts_per_step, cfg.seed)
     if cfg.max_steps > 0:
         total = cfg.max_steps
@@ -146,10 +175,6 @@ class Models:
 def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
     from grpokit.models import load_model_and_tokenizer
 
-    if cfg.use_vllm:  # before any model loads: a missing package is a one-line fix
-        from grpokit.rollout.vllm_engine import require_vllm
-
-        require_vllm()
     model, tokenizer, source = load_model_and_tokenizer(
         cfg.model_name_or_path,
         dtype=cfg.torch_dtype,

@@ -34,7 +34,7 @@ from grpokit.checkpoint import (
 from grpokit.config import GRPOConfig, save_config
 from grpokit.dynamic import Groups, fill_batch
 from grpokit.evaluation import describe_eval, evaluate_rows, format_comparison, save_eval
-from grpokit.launch import check_launch, launch_from_env, training_strategy
+from grpokit.launch import launch_from_env, training_strategy
 from grpokit.logging import MetricsLogger, truncate_logs
 from grpokit.metrics import accuracy, completions_table, round_metrics
 from grpokit.prompts import render_prompts, tokenize_prompts
@@ -52,8 +52,8 @@ class Stop(Exception):
 class GRPOTrainer:
     def __init__(self, cfg: GRPOConfig, *, resume: str | bool | None = None, stream=None):
         self.device = dist.resolve_device(cfg.device)  # a missing GPU fails before any work
-        launch = launch_from_env()
-        check_launch(cfg, launch, self.device)
+        launch = launch_from_env()  # every refusal before any model loads: setup.preflight
+        self.task, self.rewards = setup.preflight(cfg, launch, cfg.world_size, self.device)
         self.strategy = training_strategy(cfg, launch)
         self.cfg = cfg = self.strategy.adjust_config(cfg)
         dist.init(self.device)
@@ -62,9 +62,6 @@ class GRPOTrainer:
             torch.set_num_threads(cfg.torch_num_threads)
         self.out = Path(cfg.output_dir)
         self.counters: dict[str, int] = {}
-        # cheap checks first, before any model loads
-        self.task = setup.build_task(cfg)
-        self.rewards = setup.build_rewards(cfg, self.task, self.device)
         self.hub = setup.hub(cfg)  # push_to_hub: token, hub and repository checked now
         self.data = setup.build_data(cfg, self.task)
         self.train_rows, self.eval_rows = self.data.train_rows, self.data.eval_rows

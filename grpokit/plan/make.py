@@ -68,6 +68,10 @@ def make_plan(
     shape = read_model_config(cfg.model_name_or_path)
     rows, why = task_train_rows(cfg) if count_rows else (None, "not counted")
     batch = batch_plan(cfg, nproc, rows)
+    if batch.train_rows is not None and batch.prompts_per_step:
+        from grpokit.prompts import PromptSampler  # training's own refusal of too few rows
+
+        PromptSampler(batch.train_rows, batch.prompts_per_step, cfg.seed)
     if rows is None and cfg.max_steps <= 0:
         batch.notes.append(f"steps per epoch unknown: training rows not counted ({why})")
     mem = estimate_memory(

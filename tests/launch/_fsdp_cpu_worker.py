@@ -23,6 +23,7 @@ import _dist_worker  # noqa: E402
 
 from grpokit import distributed as dist  # noqa: E402
 from grpokit import launch as engines  # noqa: E402
+from grpokit import setup  # noqa: E402
 from grpokit import trainer as T  # noqa: E402
 from grpokit.optim import build_optimizer  # noqa: E402
 
@@ -69,7 +70,8 @@ class TorchFSDP2(engines.ShardedTraining):
 def main():
     T.training_strategy = TorchFSDP2
     T.launch_from_env = lambda: engines.Launch("fsdp", fsdp_version=2)
-    T.check_launch = lambda *a, **k: None  # it refuses FSDP on CPU, rightly for accelerate
+    # setup.preflight's launch check refuses FSDP on CPU, rightly for accelerate
+    setup.check_launch = lambda *a, **k: None
     train = T.GRPOTrainer.train
 
     def train_then_check_copy(self):

