@@ -73,9 +73,9 @@ REPORT_TO = ("none", "tensorboard", "wandb", "trackio", "mlflow")
 
 # Keys from TRL / transformers TrainingArguments that grpokit accepts and ignores.
 IGNORED_KEYS = {
-    "fp16": "use torch_dtype: float16",
+    "fp16": "false is the default; true is refused (see _trl_switches)",
     "tf32": "not used on CPU",
-    "eval_strategy": "set eval_steps (0 disables periodic evaluation)",
+    "eval_strategy": "steps: eval_steps decides; no: no periodic evaluation (_trl_switches)",
     "logging_strategy": "set logging_steps",
     "logging_first_step": "step 1 is always logged",
     "log_level": "not used",
@@ -778,7 +778,10 @@ def _typed_values(values: dict[str, Any], source: str) -> dict[str, Any]:
     to its field's type; a key grpokit ignores is dropped with a warning."""
     hints = _field_types()
     clean: dict[str, Any] = {}
+    switches = _trl_switches(values)
     for key, value in values.items():
+        if key in switches:
+            continue
         if key in IGNORED_KEYS:
             warnings.warn(
                 f"{source}: key {key!r} is ignored by grpokit ({IGNORED_KEYS[key]})",
@@ -788,7 +791,34 @@ def _typed_values(values: dict[str, Any], source: str) -> dict[str, Any]:
         if key not in hints:
             raise _unknown_key_error(key, list(hints))
         clean[key] = _coerce(key, value, hints[key])
-    return clean
+    return {**clean, **switches[None]} if None in switches else clean
+
+
+def _trl_switches(values: dict[str, Any]) -> dict:
+    """TRL switches grpokit has no field for but whose value changes what a run does: each one
+    present is a key of the result (and so not warned about as ignored); the result's ``None``
+    entry holds the fields they set. ``fp16: true`` (fp16 autocast with a loss scaler) is
+    refused rather than silently trained in float32; ``eval_strategy: no`` turns periodic
+    evaluation off as in TRL (the before/after evaluation stays: max_eval_samples)."""
+    out: dict = {}
+    if "fp16" in values:
+        out["fp16"] = True
+        if _to_bool("fp16", values["fp16"]):
+            raise ConfigError(
+                "fp16: true (fp16 autocast with a loss scaler) is not supported; use bf16: true, "
+                "or torch_dtype: float16 (fp16 weights stepped through fp32 master weights)"
+            )
+    if "eval_strategy" in values:
+        out["eval_strategy"] = True
+        strategy = str(values["eval_strategy"]).lower()
+        if strategy == "no":
+            out[None] = {"eval_steps": 0}
+        elif strategy != "steps":
+            raise ConfigError(
+                f"eval_strategy: {values['eval_strategy']!r} is not supported; use 'steps' "
+                "with eval_steps, or 'no' (no periodic evaluation)"
+            )
+    return out
 
 
 def _resolve_task(clean: dict[str, Any], source: str) -> None:

@@ -184,3 +184,23 @@ def test_vllm_keys_are_real_and_validated():
     ]:
         with pytest.raises(ConfigError, match=match):
             build_config(bad)
+
+
+def test_fp16_true_is_refused_not_trained_in_float32():
+    """TRL's fp16: true means fp16 mixed precision; grpokit has none, so it says so instead
+    of training in float32 behind a warning. false (the default) is accepted quietly."""
+    with pytest.raises(ConfigError, match="fp16: true .*bf16: true.*torch_dtype: float16"):
+        build_config({"fp16": True})
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert build_config({"fp16": False}) == GRPOConfig()
+
+
+def test_eval_strategy_no_turns_periodic_evaluation_off():
+    assert build_config({"eval_strategy": "no", "eval_steps": 100}).eval_steps == 0
+    assert build_config({"eval_steps": 100, "eval_strategy": "no"}).eval_steps == 0
+    assert build_config({"eval_strategy": "steps", "eval_steps": 100}).eval_steps == 100
+    with pytest.raises(ConfigError, match="eval_strategy: 'epoch' is not supported"):
+        build_config({"eval_strategy": "epoch"})
