@@ -59,10 +59,18 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    from grpokit.launch import failure_line
     from grpokit.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(cfg, resume=resume)  # device and launch checks before models load
-    result = trainer.train()
+    try:
+        trainer = GRPOTrainer(cfg, resume=resume)  # device and launch checks first
+        result = trainer.train()
+    except Exception as e:  # a dead or hung peer or server: one line, not a traceback
+        line = failure_line(e, cfg.output_dir)
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        return 3
     return 130 if result.get("stopped") else 0
 
 

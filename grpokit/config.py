@@ -73,7 +73,6 @@ IGNORED_KEYS = {
     "log_completions_steps": "completions are logged every logging_steps",
     "num_completions_to_print": "see log_completions",
     "wandb_log_unique_prompts": "not used",
-    "ddp_timeout": "not used",
     "eval_on_start": "evaluation before training is on when max_eval_samples > 0",
     "vllm_device": "colocate runs vLLM on the training device; a server chooses its own",
     "gradient_checkpointing_kwargs": "gradient checkpointing is always non-reentrant",
@@ -148,7 +147,7 @@ class GRPOConfig:
     vllm_mode: str = "colocate"  # colocate: vLLM in this process; server: grpokit rollout-server
     vllm_server_host: str = "127.0.0.1"
     vllm_server_port: int = 8000
-    vllm_server_timeout: float = 240.0  # seconds: wait for the server, and each request
+    vllm_server_timeout: float = 240.0  # seconds: wait for the server, each request and push
     vllm_gpu_memory_utilization: float = 0.9  # GPU only; on CPU: VLLM_CPU_KVCACHE_SPACE (GB)
     vllm_enable_sleep_mode: bool = False  # GPU: offload weights/KV cache between rollouts
     vllm_enforce_eager: bool = True  # false: vLLM compiles (faster decoding, ~1 min start-up)
@@ -186,6 +185,9 @@ class GRPOConfig:
     gradient_accumulation_steps: int = 1
     seed: int = 42
     torch_num_threads: int | None = None
+    # seconds any collective between training processes may wait (transformers' key; its
+    # default is 1800): a process that died or hangs stops the others within this time
+    ddp_timeout: float = 600.0
 
     # evaluation
     do_eval: bool = True  # false: no held-out split is loaded and no evaluation runs
@@ -328,11 +330,7 @@ def _check_vllm(c: GRPOConfig) -> None:
         f"vllm_importance_sampling_cap={c.vllm_importance_sampling_cap} must be >= 1 "
         "(ratios above it are capped or masked; TRL uses 2-3)",
     )
-    _check(
-        not (c.use_vllm and c.world_size > 1),
-        "use_vllm with more than one process is not supported yet; run one process or "
-        "use_vllm: false",
-    )
+    _check(c.ddp_timeout > 0, f"ddp_timeout={c.ddp_timeout} must be > 0 (seconds)")
 
 
 def _check_rewards(c: GRPOConfig) -> None:
@@ -388,6 +386,15 @@ def _check_batch(c: GRPOConfig) -> None:
         f"({c.gradient_accumulation_steps}) x processes ({c.world_size}) = {n}, which is not "
         f"divisible by num_generations ({G}); choose values so that it is, e.g. "
         f"per_device_train_batch_size={G} or num_generations dividing {n}",
+    )
+    per_process = c.per_device_train_batch_size * c.gradient_accumulation_steps
+    _check(
+        per_process % G == 0,
+        f"each process samples whole groups of its own prompts, but per_device_train_batch_size "
+        f"({c.per_device_train_batch_size}) x gradient_accumulation_steps "
+        f"({c.gradient_accumulation_steps}) = {per_process} completions per process is not a "
+        f"multiple of num_generations ({G}) with {c.world_size} processes; make it one, e.g. "
+        f"per_device_train_batch_size={G}",
     )
 
 
