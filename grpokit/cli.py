@@ -278,15 +278,34 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
     except (PlanError, ValueError) as e:
         print(f"plan error: {e}", file=sys.stderr)
         return 2
+    layout = _plan_layout(cfg, plan)
+    if layout is None:
+        return 2
     if getattr(opts, "json", False):
         print(json.dumps({"config": cfg.to_dict(), "plan": plan.to_dict()}, indent=1))
     else:
         print(format_plan(plan, cfg))
+        print("\n".join(layout))
         if launch is not None:
             print(f"launch: {launch.describe()} over {opts.num_processes} processes (checked)")
             if launch.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
                 print("note: deepspeed is not installed here; training needs pip install deepspeed")
     return 0
+
+
+def _plan_layout(cfg, plan) -> list[str] | None:
+    """The launch layout's lines (grpokit.plan.layout), or None after printing why training
+    would refuse it."""
+    from grpokit.config import ConfigError
+    from grpokit.plan.layout import check_layout
+
+    n = plan.batch.num_processes
+    pushed = plan.memory["weights"] * (n if plan.zero_stage == 3 else 1)
+    try:
+        return check_layout(cfg, n, plan.memory["peak"], plan.device_memory, pushed)
+    except ConfigError as e:
+        print(f"config error (with {n} processes): {e}", file=sys.stderr)
+        return None
 
 
 def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:

@@ -225,6 +225,11 @@ def make_llm(
     )
     if max_model_len:
         kw["max_model_len"] = max_model_len
+    if dist.world_size() > 1:
+        # colocated with several training processes (torchrun / accelerate launch): each
+        # process holds its own engine (tensor-parallel 1) in the existing process group,
+        # which vLLM calls an external launcher (RANK, LOCAL_RANK, MASTER_* from the launcher)
+        kw["distributed_executor_backend"] = "external_launcher"
     if enable_sleep_mode:
         kw["enable_sleep_mode"] = True
     return vllm.LLM(**kw)

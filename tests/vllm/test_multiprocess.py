@@ -281,3 +281,14 @@ def test_hung_server(vllm_tiny_dir, tmp_path):
         assert line.startswith("rollout server failed:"), line
         assert "vllm_server_timeout=20 s" in line or "rank 0's weight push failed" in line
     _checkpoint_intact(out)
+
+
+def test_colocated_layout_two_processes_equal_one(vllm_tiny_dir, tmp_path):
+    """torchrun --nproc_per_node 2, each process with its own vLLM engine = 1 process."""
+    r2, two = _recipe(tmp_path, "two", vllm_tiny_dir, vllm_mode="colocate")
+    r1, one = _recipe(
+        tmp_path, "one", vllm_tiny_dir, vllm_mode="colocate", per_device_train_batch_size=4
+    )
+    _torchrun(r2, 2)
+    _one_process(r1)
+    _assert_same_run(one, two)
