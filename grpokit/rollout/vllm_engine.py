@@ -235,6 +235,14 @@ def make_llm(
     return vllm.LLM(**kw)
 
 
+def _own_rng():
+    """vLLM in this process draws from torch's global RNG (its seeding at start, sampling
+    temporaries sized by the batch): keep the trainer's RNG as it was, so that the trainer's
+    stream (the per-row seeds) does not depend on how many rows this process's engine ran."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    return torch.random.fork_rng(devices=devices)
+
+
 class VLLMColocateEngine:
     """vLLM's ``LLM`` in the training process, fed the policy's weights after each step."""
 
@@ -261,15 +269,16 @@ class VLLMColocateEngine:
         )
         self.sleep = enable_sleep_mode
         t0 = time.time()
-        self.llm = llm or make_llm(
-            model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=enable_sleep_mode,
-            enforce_eager=enforce_eager,
-            seed=seed,
-        )
+        with _own_rng():
+            self.llm = llm or make_llm(
+                model_path,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=enable_sleep_mode,
+                enforce_eager=enforce_eager,
+                seed=seed,
+            )
         self.start_seconds = time.time() - t0
         self.sync_seconds: float | None = None
         self.full_params = None  # set by setup when the strategy shards the policy
@@ -302,14 +311,14 @@ class VLLMColocateEngine:
         if self.sleep:
             self.llm.wake_up()
         try:
-            if self._stale:
-                self.sync_weights()
             prompts = [
                 p for p in _prompt_lists(prompt_ids, prompt_mask) for _ in range(num_generations)
             ]
-            token_ids, logps = run_vllm(
-                self.llm, prompts, params, self.eos_ids, _row_seeds(len(prompts))
-            )
+            seeds = _row_seeds(len(prompts))
+            with _own_rng():
+                if self._stale:
+                    self.sync_weights()
+                token_ids, logps = run_vllm(self.llm, prompts, params, self.eos_ids, seeds)
         finally:
             if self.sleep:
                 self.llm.sleep(level=1)
