@@ -61,10 +61,18 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         return 2
     if said:
         print(f"[grpokit] {said}", flush=True)
+    from grpokit.launch import failure_line
     from grpokit.trainer import GRPOTrainer
 
-    trainer = GRPOTrainer(cfg, resume=resume)  # device and launch checks before models load
-    result = trainer.train()
+    try:
+        trainer = GRPOTrainer(cfg, resume=resume)  # device and launch checks first
+        result = trainer.train()
+    except Exception as e:  # a dead or hung peer or server: one line, not a traceback
+        line = failure_line(e, cfg.output_dir)
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        return 3
     return 130 if result.get("stopped") else 0
 
 
@@ -286,10 +294,14 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
     except (PlanError, ValueError) as e:
         print(f"plan error: {e}", file=sys.stderr)
         return 2
+    layout = _plan_layout(cfg, plan)
+    if layout is None:
+        return 2
     if getattr(opts, "json", False):
         print(json.dumps({"config": cfg.to_dict(), "plan": plan.to_dict()}, indent=1))
     else:
         print(format_plan(plan, cfg))
+        print("\n".join(layout))
         if getattr(opts, "accelerate_config", None):
             print(f"launch: {launch.describe()} over {opts.num_processes} processes (checked)")
             if launch.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
@@ -297,6 +309,21 @@ def _print_plan(cfg, opts: argparse.Namespace) -> int:
         if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
             print("note: vllm is not installed here; use_vllm: true needs it where training runs")
     return 0
+
+
+def _plan_layout(cfg, plan) -> list[str] | None:
+    """The launch layout's lines (grpokit.plan.layout), or None after printing why training
+    would refuse it."""
+    from grpokit.config import ConfigError
+    from grpokit.plan.layout import check_layout
+
+    n = plan.batch.num_processes
+    pushed = plan.memory["weights"] * (n if plan.zero_stage == 3 else 1)
+    try:
+        return check_layout(cfg, n, plan.memory["peak"], plan.device_memory, pushed)
+    except ConfigError as e:
+        print(f"config error (with {n} processes): {e}", file=sys.stderr)
+        return None
 
 
 def cmd_plan(args: argparse.Namespace, rest: list[str]) -> int:

@@ -87,7 +87,6 @@ IGNORED_KEYS = {
     "log_completions_steps": "completions are logged every logging_steps",
     "num_completions_to_print": "see log_completions",
     "wandb_log_unique_prompts": "not used",
-    "ddp_timeout": "not used",
     "eval_on_start": "evaluation before training is on when max_eval_samples > 0",
     "vllm_device": "colocate runs vLLM on the training device; a server chooses its own",
     "gradient_checkpointing_kwargs": "gradient checkpointing is always non-reentrant",
@@ -171,7 +170,7 @@ class GRPOConfig:
     vllm_mode: str = "colocate"  # colocate: vLLM in this process; server: grpokit rollout-server
     vllm_server_host: str = "127.0.0.1"
     vllm_server_port: int = 8000
-    vllm_server_timeout: float = 240.0  # seconds: wait for the server, and each request
+    vllm_server_timeout: float = 240.0  # seconds: wait for the server, each request and push
     vllm_gpu_memory_utilization: float = 0.9  # GPU only; on CPU: VLLM_CPU_KVCACHE_SPACE (GB)
     vllm_enable_sleep_mode: bool = False  # GPU: offload weights/KV cache between rollouts
     vllm_enforce_eager: bool = True  # false: vLLM compiles (faster decoding, ~1 min start-up)
@@ -236,6 +235,9 @@ class GRPOConfig:
     gradient_accumulation_steps: int = 1
     seed: int = 42
     torch_num_threads: int | None = None
+    # seconds any collective between training processes may wait (transformers' key; its
+    # default is 1800): a process that died or hangs stops the others within this time
+    ddp_timeout: float = 600.0
 
     # evaluation
     # null (default): evaluate when the dataset has a held-out split (dataset_test_split or
@@ -498,6 +500,7 @@ def _check_vllm(c: GRPOConfig) -> None:
         f"vllm_importance_sampling_cap={c.vllm_importance_sampling_cap} must be >= 1 "
         "(ratios above it are capped or masked; TRL uses 2-3)",
     )
+    _check(c.ddp_timeout > 0, f"ddp_timeout={c.ddp_timeout} must be > 0 (seconds)")
 
 
 def _check_rewards(c: GRPOConfig) -> None:
@@ -605,11 +608,6 @@ def check_processes(c: GRPOConfig, world_size: int) -> None:
     process's ``WORLD_SIZE``, and by ``setup.preflight`` with the process count of a launch
     being planned (``grpokit plan --accelerate_config / --num_processes``)."""
     G, W = c.num_generations, world_size
-    _check(
-        not (c.use_vllm and W > 1),
-        "use_vllm with more than one process is not supported yet; run one process or "
-        "use_vllm: false",
-    )
     n = c.per_device_train_batch_size * c.gradient_accumulation_steps * W
     _check(
         n % G == 0,
@@ -619,10 +617,14 @@ def check_processes(c: GRPOConfig, world_size: int) -> None:
         f"divisible by num_generations ({G}); choose values so that it is, e.g. "
         f"per_device_train_batch_size={G} or num_generations dividing {n}",
     )
+    per_process = c.per_device_train_batch_size * c.gradient_accumulation_steps
     _check(
-        (n // G) % W == 0,
-        f"{n // G} prompts per step do not split over {W} processes; choose "
-        "per_device_train_batch_size x gradient_accumulation_steps a multiple of num_generations",
+        per_process % G == 0,
+        f"each process samples whole groups of its own prompts, but per_device_train_batch_size "
+        f"({c.per_device_train_batch_size}) x gradient_accumulation_steps "
+        f"({c.gradient_accumulation_steps}) = {per_process} completions per process is not a "
+        f"multiple of num_generations ({G}) with {W} processes; make it one, e.g. "
+        f"per_device_train_batch_size={G}",
     )
 
 

@@ -5,12 +5,21 @@ Launch with ``torchrun --nproc_per_node N -m grpokit train ...`` or ``accelerate
 both set RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR, which is all this module reads.
 Collectives take tensors on any device: with nccl they run on this rank's GPU and the
 result comes back on the input's device (rewards and scores stay on the CPU).
+
+Watchdog: the process group is created with ``timeout = ddp_timeout`` (transformers' key;
+grpokit's default 600 s instead of 30 min), so a collective waiting for a rank that died or
+hangs fails instead of waiting for ever (gloo notices a dead peer at once: its connection
+closes). Every collective here turns that failure into ``PeerError``, one line naming this
+rank, the collective, and the likely cause.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import re
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,6 +27,7 @@ import torch.distributed as dist
 from grpokit.config import ConfigError
 
 _COMM_DEVICE = torch.device("cpu")
+_TIMEOUT = 600.0  # seconds: every collective (ddp_timeout), set by init
 DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -57,19 +67,65 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device("cuda", idx)
 
 
-def init(device: torch.device | None = None) -> None:
+class PeerError(RuntimeError):
+    """A collective failed: another training process died, or did not reach it in time."""
+
+
+def init(device: torch.device | None = None, timeout: float | None = None) -> None:
     """Join the process group when launched with WORLD_SIZE > 1: nccl when this rank trains
     on a GPU (after selecting that GPU, so nccl and every default-device call use it), gloo
-    on the CPU."""
-    global _COMM_DEVICE
+    on the CPU. ``timeout`` (seconds, ``ddp_timeout``) bounds every collective."""
+    global _COMM_DEVICE, _TIMEOUT
     device = torch.device("cpu") if device is None else torch.device(device)
+    if timeout is not None:
+        _TIMEOUT = float(timeout)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # nccl: a collective that times out aborts the communicator and raises (torch >= 2.2
+        # default; set here so that an older default cannot turn it into a hang)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
+        with guard("joining the process group"):
+            dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=_TIMEOUT))
     if dist.is_initialized():
         _COMM_DEVICE = device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def timeout() -> float:
+    """Seconds a collective may wait (``ddp_timeout``)."""
+    return _TIMEOUT
+
+
+@contextlib.contextmanager
+def guard(what: str):
+    """Turn a failed collective into ``PeerError``: one line naming this rank, ``what`` was
+    waited for, how long, and the likely cause."""
+    t0 = time.time()
+    try:
+        yield
+    except (RuntimeError, ValueError, OSError) as e:
+        if isinstance(e, PeerError):
+            raise
+        waited = time.time() - t0
+        reason = " ".join(str(e).split())[:200]
+        cause = (
+            f"another training process stopped answering for ddp_timeout={_TIMEOUT:g} s"
+            if waited >= 0.9 * _TIMEOUT
+            else "another training process died (its connection closed)"
+        )
+        where = f"training process rank {rank_or_env()} of {world_size_or_env()}"
+        raise PeerError(f"{where}: {what} failed after {waited:.1f} s: {cause} ({reason})") from e
+
+
+def rank_or_env() -> int:
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def world_size_or_env() -> int:
+    if dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def world_size() -> int:
@@ -88,7 +144,8 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if world_size() > 1:
         src = t.device
         t = t.to(_COMM_DEVICE, copy=True)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        with guard("a sum over processes (all_reduce)"):
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t = t.to(src)
     return t
 
@@ -100,7 +157,8 @@ def all_gather_cat(t: torch.Tensor) -> torch.Tensor:
     src = t.device
     t = t.to(_COMM_DEVICE).contiguous()
     parts = [torch.empty_like(t) for _ in range(world_size())]
-    dist.all_gather(parts, t)
+    with guard("gathering every process's rewards (all_gather)"):
+        dist.all_gather(parts, t)
     return torch.cat(parts, dim=0).to(src)
 
 
@@ -120,7 +178,8 @@ def sum_gradients(params, bucket_bytes: int = 64 << 20) -> None:
     has = torch.tensor(
         [p.grad is not None for p in params], dtype=torch.float32, device=_COMM_DEVICE
     )
-    dist.all_reduce(has, op=dist.ReduceOp.SUM)
+    with guard("the gradient sum (all_reduce)"):
+        dist.all_reduce(has, op=dist.ReduceOp.SUM)
     params = [p for p, h in zip(params, has.tolist()) if h > 0]
     bucket: list[torch.nn.Parameter] = []
     size = 0
@@ -133,7 +192,8 @@ def sum_gradients(params, bucket_bytes: int = 64 << 20) -> None:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        with guard("the gradient sum (all_reduce)"):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         off = 0
         for p in bucket:
             n = p.grad.numel()
@@ -149,6 +209,31 @@ def sum_gradients(params, bucket_bytes: int = 64 << 20) -> None:
     flush()
 
 
-def barrier() -> None:
+def barrier(what: str = "waiting for every process (barrier)") -> None:
     if world_size() > 1:
-        dist.barrier()
+        with guard(what):
+            if dist.get_backend() == "gloo":
+                # names the rank that did not arrive; the barrier itself is an all_reduce
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=_TIMEOUT))
+            else:
+                dist.barrier()
+
+
+def gather_objects(obj) -> list:
+    """Every process's ``obj`` (picklable), in rank order; ``[obj]`` in one process."""
+    if world_size() == 1:
+        return [obj]
+    out: list = [None] * world_size()
+    with guard("exchanging a status between processes (all_gather_object)"):
+        dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s ``obj`` on every process."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    with guard(f"receiving from rank {src} (broadcast)"):
+        dist.broadcast_object_list(box, src=src)
+    return box[0]

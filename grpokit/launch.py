@@ -210,10 +210,17 @@ class ShardedTraining:
     fixed_micro_batches = True  # every rank runs the same wrapped forwards and backwards
 
     def __init__(self, cfg, launch: Launch):
+        import datetime
+
         from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs
 
         self.cfg, self.launch = cfg, launch
-        self.acc = Accelerator(gradient_accumulation_steps=cfg.gradient_accumulation_steps)
+        # accelerate creates the process group: with ddp_timeout, not its 30 minutes
+        pg = InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=cfg.ddp_timeout))
+        self.acc = Accelerator(
+            gradient_accumulation_steps=cfg.gradient_accumulation_steps, kwargs_handlers=[pg]
+        )
         if self.acc.gradient_accumulation_steps != cfg.gradient_accumulation_steps:
             raise ConfigError(
                 f"accelerate uses gradient_accumulation_steps "
@@ -339,3 +346,32 @@ class ShardedTraining:
     def full_state_dict(self, model) -> dict[str, torch.Tensor]:
         """Whole weights for saving (complete on rank 0; called on every rank)."""
         return self.acc.get_state_dict(model)
+
+
+def failure_line(e: BaseException, output_dir) -> str | None:
+    """The one line a training process ends with when the layout failed (a training process
+    died or hung: ``distributed.PeerError``; the rollout server is gone, hung or serves
+    another model: ``VLLMError``): which side failed, the last complete checkpoint, how to
+    resume. None for any other error (its traceback is wanted)."""
+    import sys
+    from pathlib import Path
+
+    from grpokit.checkpoint import latest_checkpoint
+    from grpokit.distributed import PeerError
+
+    engine = sys.modules.get("grpokit.rollout.vllm_engine")
+    if isinstance(e, PeerError):
+        side = "training process failed"
+    elif engine is not None and isinstance(e, engine.VLLMError):
+        side = "rollout server failed"
+    else:
+        return None
+    out = Path(output_dir)
+    ckpt = latest_checkpoint(out) if out.is_dir() else None
+    resume = (
+        f"last complete checkpoint {ckpt}; once the cause is fixed, resume with the same "
+        "launch command plus --resume"
+        if ckpt
+        else "no checkpoint was written yet; start the same launch command again"
+    )
+    return f"{side}: {' '.join(str(e).split())} | {resume}"

@@ -56,7 +56,7 @@ class GRPOTrainer:
         self.task, self.rewards = setup.preflight(cfg, launch, cfg.world_size, self.device)
         self.strategy = training_strategy(cfg, launch)
         self.cfg = cfg = self.strategy.adjust_config(cfg)
-        dist.init(self.device)
+        dist.init(self.device, cfg.ddp_timeout)  # every collective waits at most ddp_timeout
         torch.manual_seed(cfg.seed)
         if cfg.torch_num_threads:
             torch.set_num_threads(cfg.torch_num_threads)

@@ -2,11 +2,17 @@
 
 Standard library HTTP, one request at a time on the main thread, JSON in and out:
 
-    GET  /health          model, grpokit version, protocol, model signature, tokenizer size
-    POST /generate        {"prompts": [[ids]], "seeds": [int], "params": {...}, "eos_ids": [..]}
-                          -> {"token_ids": [[ids]], "logprobs": [[float]]}
-    POST /update_weights  body: a safetensors file of the policy's state dict (HF names)
-                          -> {"seconds": float}; names or shapes that do not match -> 400
+    GET  /health          model, grpokit version, protocol, model signature, tokenizer size,
+                          the version of the weights it holds
+    POST /generate        {"prompts": [[ids]], "seeds": [int], "params": {...}, "eos_ids": [..],
+                           "weights_version": str or null}
+                          -> {"token_ids": [[ids]], "logprobs": [[float]]}; a request for
+                          weights other than those held -> 409 (it would sample stale ones)
+    POST /update_weights?version=V  body: a safetensors file of the policy's state dict (HF
+                          names) -> {"seconds": float}; names or shapes that do not match -> 400
+
+One server serves every process of one training run (``torchrun`` / ``accelerate launch``):
+requests wait their turn in the listen queue; rank 0 alone pushes weights.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 from grpokit.rollout.base import SamplingParams
 
@@ -48,7 +55,7 @@ def serve(
     expected = _expected_shapes(model)
     # one thread: every vLLM call runs on the thread that built the engine (a weight reload
     # from a handler thread gave wrong outputs), and requests are served one at a time
-    httpd = HTTPServer((host, port), make_handler(llm, info, expected))
+    httpd = _Server((host, port), make_handler(llm, info, expected))
     print(
         f"[rollout-server] {model} ready on http://{host}:{port} "
         f"(vllm {info['vllm_version']}, start-up {time.time() - t0:.1f} s)",
@@ -62,6 +69,14 @@ def serve(
         pass
     finally:
         httpd.server_close()
+
+
+class _Server(HTTPServer):
+    request_queue_size = 128  # every training process may connect at once (default 5)
+
+
+class Conflict(Exception):
+    """A request that must not be served with the weights the server holds (HTTP 409)."""
 
 
 def _health_info(model: str, dtype: str) -> dict:
@@ -82,6 +97,7 @@ def _health_info(model: str, dtype: str) -> dict:
         "model_signature": model_signature(AutoConfig.from_pretrained(model)),
         "tokenizer_size": len(tok),
         "dtype": dtype,
+        "weights_version": None,  # None: the model's files; then the last push's version
     }
 
 
@@ -114,13 +130,19 @@ def make_handler(llm, info: dict, expected: dict[str, tuple]) -> type[BaseHTTPRe
                 self._send(404, {"error": f"no such endpoint {self.path}; try /health"})
 
         def do_POST(self):
+            url = urlsplit(self.path)
             try:
-                if self.path == "/generate":
-                    self._send(200, _generate(llm, self._body()))
-                elif self.path == "/update_weights":
+                if url.path == "/generate":
+                    self._send(200, _generate(llm, self._body(), info))
+                elif url.path == "/update_weights":
+                    version = parse_qs(url.query).get("version", [None])[0]
+                    info["weights_version"] = "(a push that failed)"
                     self._send(200, _update_weights(llm, expected, self._body()))
+                    info["weights_version"] = version
                 else:
                     self._send(404, {"error": f"no such endpoint {self.path}"})
+            except Conflict as e:
+                self._send(409, {"error": str(e)})
             except (ValueError, KeyError, TypeError) as e:
                 self._send(400, {"error": f"bad request: {e}"})
             except Exception as e:  # noqa: BLE001 - reported to the trainer, server keeps going
@@ -129,11 +151,18 @@ def make_handler(llm, info: dict, expected: dict[str, tuple]) -> type[BaseHTTPRe
     return Handler
 
 
-def _generate(llm, body: bytes) -> dict:
-    """POST /generate: sample the prompts, one seed each."""
+def _generate(llm, body: bytes, info: dict) -> dict:
+    """POST /generate: sample the prompts, one seed each, from the weights the request names."""
     from grpokit.rollout.vllm_engine import run_vllm
 
     req = json.loads(body)
+    want, have = req.get("weights_version"), info.get("weights_version")
+    if want != have:
+        raise Conflict(
+            f"this request is for weights version {want!r} but the server holds {have!r}: "
+            "another training run pushed to this server since (one server serves one run), "
+            "or this run's last push did not complete"
+        )
     params = SamplingParams(**req["params"])
     prompts, seeds = req["prompts"], req["seeds"]
     if len(prompts) != len(seeds):

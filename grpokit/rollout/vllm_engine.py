@@ -10,6 +10,20 @@ Weights reach vLLM lazily: ``weights_updated()`` only marks them stale, and the 
 ``generate`` pushes the policy's state dict (LoRA merged in, see ``policy_state_dict``)
 before sampling. The in-process route is vLLM's ``reload_weights`` worker method, which
 needs the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+Several training processes (``torchrun`` / ``accelerate launch``):
+
+- colocate: every process holds its own engine (tensor-parallel 1) for its own prompts and
+  reloads it after each step;
+- server: one ``grpokit rollout-server`` serves every process. After each optimizer step rank
+  0 alone pushes the weights; every process then learns the push's outcome (one collective,
+  which is also the barrier: nobody samples before the push ended). Each push carries a
+  version (a run token and a count) which every generate request names: the server refuses
+  a request for weights it does not hold (stale weights, or a second run pushing to it).
+
+Sampling seeds are drawn for the whole step's completions on every process (the same draw
+as one process makes) and each process takes its own slice: a 2-process run samples what a
+1-process run of the same global batch samples.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ import urllib.request
 
 import torch
 
+from grpokit import distributed as dist
 from grpokit.rollout.base import Rollout, SamplingParams, completion_mask_from_eos
 from grpokit.rollout.hf import eos_token_ids, merged_lora_state_dict
 
@@ -33,7 +48,7 @@ INSTALL_HINT = (
     "pip uninstall -y torchvision torchaudio torchcodec && pip install -e . "
     "'transformers<5.20'"
 )
-PROTOCOL = 1  # bumped when the HTTP messages between trainer and rollout-server change
+PROTOCOL = 2  # bumped when the HTTP messages between trainer and rollout-server change
 
 
 class VLLMError(RuntimeError):
@@ -123,8 +138,26 @@ def _prompt_lists(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[l
 
 def _row_seeds(n: int) -> list[int]:
     """One seed per completion from torch's RNG: runs repeat with the trainer's seed, and
-    the G completions of a prompt differ (one seed for a request with n=G would not)."""
-    return torch.randint(0, 2**31 - 1, (n,)).tolist()
+    the G completions of a prompt differ (one seed for a request with n=G would not).
+    With W processes (n each) every process draws the seeds of all W*n completions, as one
+    process would, and keeps its own slice: the sampling does not depend on the layout."""
+    W, r = dist.world_size(), dist.rank()
+    return torch.randint(0, 2**31 - 1, (n * W,))[r * n : (r + 1) * n].tolist()
+
+
+def engine_weights(model, full_params=None) -> dict[str, torch.Tensor]:
+    """The weights to push: ``policy_state_dict``, or, when the strategy shards the policy
+    (``full_params``, a collective every process consumes), the gathered parameters under
+    the unwrapped model's names, on the CPU, the tied output layer named too."""
+    if full_params is None:
+        return policy_state_dict(model)
+    base = getattr(model, "module", model)
+    names = [n for n, _ in base.named_parameters()]
+    out = {n: p.detach().to("cpu", copy=True) for n, p in zip(names, full_params())}
+    emb = "model.embed_tokens.weight"
+    if getattr(base.config, "tie_word_embeddings", False) and emb in out:
+        out.setdefault("lm_head.weight", out[emb])
+    return out
 
 
 def _outputs_to_lists(outs) -> tuple[list[list[int]], list[list[float]]]:
@@ -200,9 +233,22 @@ def make_llm(
         kw["max_model_len"] = max_model_len
     if revision:  # a hub id pinned by model_revision: the same files the trainer loaded
         kw.update(revision=revision, tokenizer_revision=revision)
+    if dist.world_size() > 1:
+        # colocated with several training processes (torchrun / accelerate launch): each
+        # process holds its own engine (tensor-parallel 1) in the existing process group,
+        # which vLLM calls an external launcher (RANK, LOCAL_RANK, MASTER_* from the launcher)
+        kw["distributed_executor_backend"] = "external_launcher"
     if enable_sleep_mode:
         kw["enable_sleep_mode"] = True
     return vllm.LLM(**kw)
+
+
+def _own_rng():
+    """vLLM in this process draws from torch's global RNG (its seeding at start, sampling
+    temporaries sized by the batch): keep the trainer's RNG as it was, so that the trainer's
+    stream (the per-row seeds) does not depend on how many rows this process's engine ran."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    return torch.random.fork_rng(devices=devices)
 
 
 class VLLMColocateEngine:
@@ -232,28 +278,36 @@ class VLLMColocateEngine:
         )
         self.sleep = enable_sleep_mode
         t0 = time.time()
-        self.llm = llm or make_llm(
-            model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            revision=revision,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_sleep_mode=enable_sleep_mode,
-            enforce_eager=enforce_eager,
-            seed=seed,
-        )
+        with _own_rng():
+            self.llm = llm or make_llm(
+                model_path,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                revision=revision,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=enable_sleep_mode,
+                enforce_eager=enforce_eager,
+                seed=seed,
+            )
         self.start_seconds = time.time() - t0
         self.sync_seconds: float | None = None
+        self.full_params = None  # set by setup when the strategy shards the policy
         self._stale = True  # the policy may differ from the files (LoRA, resume): push first
         if self.sleep:
             self.llm.sleep(level=1)
+
+    def build_copy(self, dtype) -> None:
+        """Sharded training: no sampling copy is kept; each reload gathers the weights."""
 
     def weights_updated(self) -> None:
         self._stale = True
 
     def sync_weights(self) -> None:
+        """Reload this process's engine (every process its own; under sharding every process
+        takes part in the gather)."""
         with torch.no_grad():
-            self.sync_seconds = load_weights_into(self.llm, policy_state_dict(self.model))
+            weights = engine_weights(self.model, self.full_params)
+            self.sync_seconds = load_weights_into(self.llm, weights)
         self._stale = False
 
     @torch.no_grad()
@@ -267,14 +321,14 @@ class VLLMColocateEngine:
         if self.sleep:
             self.llm.wake_up()
         try:
-            if self._stale:
-                self.sync_weights()
             prompts = [
                 p for p in _prompt_lists(prompt_ids, prompt_mask) for _ in range(num_generations)
             ]
-            token_ids, logps = run_vllm(
-                self.llm, prompts, params, self.eos_ids, _row_seeds(len(prompts))
-            )
+            seeds = _row_seeds(len(prompts))
+            with _own_rng():
+                if self._stale:
+                    self.sync_weights()
+                token_ids, logps = run_vllm(self.llm, prompts, params, self.eos_ids, seeds)
         finally:
             if self.sleep:
                 self.llm.sleep(level=1)
@@ -353,9 +407,14 @@ class VLLMServerEngine:
         self.url = f"http://{host}:{port}"
         self.timeout = float(timeout)
         self.sync_seconds: float | None = None
+        self.full_params = None  # set by setup when the strategy shards the policy
         self._stale = True
         self.info = self._wait_for_server()
         self._check_match(self.info)
+        # the versions this run's pushes carry: a token rank 0 draws, shared by every process
+        self._run = dist.broadcast_object(os.urandom(6).hex())
+        self._pushes = 0
+        self.version: str | None = None
 
     # -- http
     def _request(self, path: str, payload: bytes | None = None, content_type: str = "") -> dict:
@@ -435,11 +494,31 @@ class VLLMServerEngine:
     def weights_updated(self) -> None:
         self._stale = True
 
+    def build_copy(self, dtype) -> None:
+        """Sharded training: no sampling copy is kept; each push gathers the weights."""
+
     def sync_weights(self) -> None:
+        """Rank 0 pushes the weights; every process then learns the outcome (a collective
+        bounded by ddp_timeout, and the barrier before anyone samples). A failed push stops
+        every process with the same line."""
+        self._pushes += 1
+        version = f"{self._run}-{self._pushes}"
+        t0, error = time.time(), None
         with torch.no_grad():
-            data = tensors_to_bytes(policy_state_dict(self.model))
-        t0 = time.time()
-        self._request("/update_weights", data, "application/octet-stream")
+            sharded = self.full_params is not None  # every process takes part in the gather
+            weights = engine_weights(self.model, self.full_params) if sharded else None
+            if dist.is_main():
+                try:
+                    data = tensors_to_bytes(weights or engine_weights(self.model))
+                    self._request(f"/update_weights?version={version}", data,
+                                  "application/octet-stream")  # fmt: skip
+                except VLLMError as e:
+                    error = str(e)
+        errors = dist.gather_objects(error)
+        if errors[0] is not None:
+            who = "" if dist.is_main() else "rank 0's "
+            raise VLLMError(f"{who}weight push failed: {errors[0]}")
+        self.version = version
         self.sync_seconds = time.time() - t0
         self._stale = False
 
@@ -470,6 +549,7 @@ class VLLMServerEngine:
                 "min_new_tokens": params.min_new_tokens,
             },
             "eos_ids": self.eos_ids,
+            "weights_version": self.version,
         }
         out = self._request("/generate", json.dumps(body).encode(), "application/json")
         return build_rollout(

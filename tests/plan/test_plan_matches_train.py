@@ -3,6 +3,7 @@ each case, plan's verdict for a launch (``--accelerate_config`` / ``--num_proces
 compared with train's real verdict under that launch (its environment in this process when
 train refuses before any collective; a real 2-process torchrun when it accepts)."""
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -46,7 +47,7 @@ def _env_of(accelerate_config: str | None, nproc: int) -> dict[str, str]:
 # (id, recipe overrides, accelerate config or None, processes)
 CASES = [
     ("one-process", {}, None, 1),
-    ("vllm-two-processes", {"use_vllm": True}, "cpu_2proc.yaml", 2),
+    ("vllm-two-processes", {"use_vllm": True, "vllm_mode": "colocate"}, "cpu_2proc.yaml", 2),
     ("prompts-do-not-split", {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 3},
      None, 2),
     ("too-few-rows", {"task_params": {"digits": 1, "train_size": 3, "test_size": 4}}, None, 1),
@@ -97,9 +98,16 @@ def test_plan_refuses_what_train_refuses(case, tiny_model_dir, tmp_path, monkeyp
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({**BASE, "model_name_or_path": tiny_model_dir, **overrides}))
     plan = _plan_verdict(recipe, accelerate_config, nproc)
-    plan_err = capsys.readouterr().err
+    plan_out, plan_err = capsys.readouterr()
     train = _train_verdict(recipe, accelerate_config, nproc, tmp_path / "run", monkeypatch)
     train_err = capsys.readouterr().err
+    if overrides.get("use_vllm") and importlib.util.find_spec("vllm") is None:
+        # two processes with vLLM are a layout training accepts (tests/vllm/test_multiprocess.py
+        # runs it in .venv-vllm); here vllm is missing: plan, which plans for where training
+        # runs, accepts it with a note, and training refuses at start for the package alone
+        assert plan == 0 and "vllm is not installed" in plan_out, (plan_out, plan_err)
+        assert train != 0
+        return
     assert (plan == 0) == (train == 0), f"{name}: plan {plan} ({plan_err.strip()}), train {train}"
     if plan:
         assert "Traceback" not in plan_err

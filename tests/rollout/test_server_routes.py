@@ -90,3 +90,24 @@ def test_update_weights_checks_names_and_shapes(server):
     code, r = _call(base + "/update_weights", bad)
     assert code == 400 and "do not fit the served model" in r["error"]
     assert "w (3, 2) (server (2, 2))" in r["error"] and "unknown tensor extra" in r["error"]
+
+
+def test_generate_names_the_weights_it_expects(server):
+    """A push sets the served version; a request for another version is refused (409)
+    instead of sampling stale weights, and a failed push leaves no version to match."""
+    base, _ = server
+    ok = vllm_engine.tensors_to_bytes({"w": torch.zeros(2, 2)})
+    assert _call(base + "/update_weights?version=run-1", ok)[0] == 200
+    assert _call(base + "/health")[1]["weights_version"] == "run-1"
+
+    def gen(version):
+        body = {"prompts": [[1]], "seeds": [1], "params": {"max_new_tokens": 1}}
+        body.update(eos_ids=[0], weights_version=version)
+        return _call(base + "/generate", json.dumps(body).encode())
+
+    assert gen("run-1")[0] == 200
+    code, r = gen("run-0")
+    assert code == 409 and "weights version 'run-0' but the server holds 'run-1'" in r["error"]
+    bad = vllm_engine.tensors_to_bytes({"w": torch.zeros(3, 2)})
+    assert _call(base + "/update_weights?version=run-2", bad)[0] == 400
+    assert gen("run-1")[0] == 409 and gen("run-2")[0] == 409
