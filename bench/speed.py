@@ -6,6 +6,8 @@
     python bench/speed.py --configs a --rounds 4 --skip_check
     python bench/speed.py --sweep 64,128,256,512 --forced_length --skip_check  # grpokit only
     python bench/speed.py --sides grpokit,trl,vllm-colocate,vllm-server   # + vLLM rollouts
+    python bench/speed.py --layouts [--tiny]    # 1 vs 2 processes, colocated vs server
+                                                # (bench/layouts.py; its flags pass through)
 
 The vLLM sides run grpokit with ``use_vllm: true`` in ``.venv-vllm`` (``./run test-vllm``
 builds it; without it they are skipped with that message): ``vllm-colocate`` has vLLM in the
@@ -814,6 +816,11 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
 
 
 def main() -> int:
+    if "--layouts" in sys.argv[1:]:  # the launch-layout rows live in bench/layouts.py
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from layouts import main as layouts_main
+
+        return layouts_main([x for x in sys.argv[1:] if x != "--layouts"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--_child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--_spec", help=argparse.SUPPRESS)
