@@ -29,6 +29,7 @@ from grpokit.reference import Reference, frozen_copy
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.hf import HFRolloutEngine
 from grpokit.scoring import reward_name
+from grpokit.speed.cpu import warn_if_bf16_is_emulated
 from grpokit.speed.weights import sparse_tied_embedding_grad
 from grpokit.update import GradientPass, SamplingCorrection
 
@@ -195,6 +196,10 @@ def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
     if cfg.cast_lm_head_to_fp32:  # before the reference copy: it is cast too (as TRL)
         cast_lm_head_to_fp32(model)
     amp_dtype = torch.bfloat16 if cfg.bf16 else None
+    fix = " ".join(
+        ["--bf16 false"] * cfg.bf16 + ["--torch_dtype float32"] * (cfg.torch_dtype == "bfloat16")
+    )
+    warn_if_bf16_is_emulated(bool(fix), device.type, fix=fix)
     ref = None
     if cfg.beta > 0 and not cfg.use_peft:  # with LoRA the reference is the adapter-disabled base
         # bf16 weights stored once, unless mixed with the policy or handed to a sharding engine
