@@ -65,7 +65,7 @@ def run_one(name: str, overrides: dict, seed: int, out: Path, extra: list[str]) 
     shutil.rmtree(out_dir, ignore_errors=True)
     cmd = [
         sys.executable, "-m", "grpokit", "train", str(ROOT / "recipes" / "default.yaml"),
-        *_flags({**overrides, "seed": seed, "bf16": False, "output_dir": out_dir}), *extra,
+        *_flags({**overrides, "seed": seed, "data_seed": 42, "bf16": False, "output_dir": out_dir}), *extra,
     ]  # fmt: skip
     env = {**os.environ, "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
     print("$", " ".join(cmd), flush=True)

@@ -234,6 +234,9 @@ class GRPOConfig:
     per_device_train_batch_size: int = 8
     gradient_accumulation_steps: int = 1
     seed: int = 42
+    # the task's data: generated problems, held-out slices, `#N` samples (transformers'
+    # name; null: the same as seed). Fix it to compare training seeds on one held-out set.
+    data_seed: int | None = None
     torch_num_threads: int | None = None
     # seconds any collective between training processes may wait (transformers' key; its
     # default is 1800): a process that died or hangs stops the others within this time

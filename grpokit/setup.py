@@ -73,7 +73,7 @@ def build_task(cfg: GRPOConfig):
         dataset_name=cfg.dataset_name,
         dataset_config=cfg.dataset_config,
         system_prompt=cfg.system_prompt,
-        seed=cfg.seed,
+        seed=cfg.seed if cfg.data_seed is None else cfg.data_seed,
         dataset_prompt_column=cfg.dataset_prompt_column,
         train_split=cfg.dataset_train_split,
         **cfg.task_params,

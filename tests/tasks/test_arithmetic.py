@@ -177,3 +177,17 @@ def test_graders():
         assert t.is_formatted(text) is (_r(arithmetic_format, [text])[0] > 0)
     assert t.is_formatted("<answer> 19 </answer>") and t.is_formatted("<answer>19</answer> x")
     assert not t.is_formatted("<answer>x 3</answer>") and not t.is_formatted("19")
+
+
+def test_data_seed_fixes_the_held_out_set_across_training_seeds():
+    """Runs with different training seeds compare on one held-out set when data_seed is set;
+    without it (transformers' default) the data follows seed."""
+    from grpokit.config import build_config
+    from grpokit.setup import build_task
+
+    def held_out(**kw):
+        cfg = build_config({"task": "arithmetic", **kw})
+        return [r["question"] for r in build_task(cfg).load_rows("test")]
+
+    assert held_out(seed=0, data_seed=42) == held_out(seed=1, data_seed=42) == held_out(seed=42)
+    assert held_out(seed=0) != held_out(seed=1)
