@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from grpokit.tasks.sources import (
+    RowSequence,
     SplitNotFound,
     Table,
     TaskDataError,
@@ -254,7 +255,7 @@ class Task:
             )
 
 
-class SourceRows(Sequence):
+class SourceRows(RowSequence):
     """A split's rows as the task makes them from its source table, made when read.
 
     ``scan`` processes every source row once, a batch at a time, to check it and to note
@@ -287,13 +288,6 @@ class SourceRows(Sequence):
 
     def with_prompts(self) -> SourceRows:
         return SourceRows(self.task, self.table, self.keep, self.split, prompts=True)
-
-    def __eq__(self, other) -> bool:  # equal to a list (or any sequence) of the same rows
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __len__(self) -> int:
         return len(self.keep)

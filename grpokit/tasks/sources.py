@@ -54,20 +54,25 @@ class SplitNotFound(TaskDataError):
 
 
 # ---------------------------------------------------------------------- tables
-class Table(Sequence):
+class RowSequence(Sequence):
+    """A read-only sequence of row dicts that compares equal to any sequence (a list, say)
+    holding the same rows; unhashable, as a list is."""
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Table(RowSequence):
     """The rows of one split: an Arrow-backed ``datasets.Dataset`` (or a plain list of dicts)
     seen through an optional list of row indices. ``table[i]`` is one row as a dict;
     ``batches()`` yields lists of row dicts, ``BATCH`` at a time."""
 
     def __init__(self, data: Any, indices: Sequence[int] | None = None):
         self.data, self.indices = data, indices
-
-    def __eq__(self, other) -> bool:  # equal to a list (or any sequence) of the same rows
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __len__(self) -> int:
         return len(self.indices) if self.indices is not None else len(self.data)
