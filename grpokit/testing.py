@@ -109,3 +109,25 @@ def tiny_run_config(model_dir: str | Path, output_dir: str | Path, **overrides):
     )
     values.update(overrides)
     return build_config(values)
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    """Poll ``cond()`` every 50 ms until it is true; AssertionError after ``timeout`` s."""
+    import time
+
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def finish_processes(procs) -> list[tuple[int, str]]:
+    """Kill what still runs of ``procs`` (Popen with text stderr); (returncode, stderr) each."""
+    out = []
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        _, err = p.communicate(timeout=60)
+        out.append((p.returncode, err))
+    return out

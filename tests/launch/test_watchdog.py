@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grpokit.testing import finish_processes, wait_for
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -74,24 +76,6 @@ def write_recipe(tmp_path, model_dir, **over) -> tuple[Path, Path]:
     return recipe, out
 
 
-def wait_for(cond, timeout: float, what: str) -> None:
-    t0 = time.time()
-    while not cond():
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def finish(procs) -> list[tuple[int, str]]:
-    out = []
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        _, err = p.communicate(timeout=60)
-        out.append((p.returncode, err))
-    return out
-
-
 def assert_checkpoint_loads(out: Path) -> Path:
     from safetensors.torch import load_file
 
@@ -116,7 +100,7 @@ def test_killed_process_stops_the_survivor_with_one_line(tmp_path, tiny_model_di
         wait_for(lambda: procs[0].poll() is not None, 20 + 30, "rank 0 to stop")
         took = time.time() - t_dead
     finally:
-        (rc0, err0), (rc1, _) = finish(procs)
+        (rc0, err0), (rc1, _) = finish_processes(procs)
     print(f"time to error after a training process died: {took:.2f} s")
     print(err0.strip().splitlines()[-1])
     assert rc1 == -signal.SIGKILL
@@ -142,7 +126,7 @@ def test_frozen_process_stops_the_survivor_after_ddp_timeout(tmp_path, tiny_mode
     finally:
         if procs[1].poll() is None:
             os.kill(procs[1].pid, signal.SIGKILL)
-        (rc0, err0), _ = finish(procs)
+        (rc0, err0), _ = finish_processes(procs)
     print(f"time to error after a training process froze (ddp_timeout=8): {took:.2f} s")
     assert rc0 == 3, err0[-3000:]
     last = err0.strip().splitlines()[-1]

@@ -25,6 +25,8 @@ pytest.importorskip("vllm", reason="vllm is not installed here; run ./run test-v
 import torch
 import yaml
 
+from grpokit.testing import finish_processes, wait_for
+
 from .test_server import free_port, start_server
 
 ROOT = Path(__file__).parents[2]
@@ -173,24 +175,6 @@ def _start_ranks(recipe: Path, env_by_rank: dict[int, dict], n: int = 2):
     return procs
 
 
-def _wait(cond, timeout: float, what: str) -> None:
-    t0 = time.time()
-    while not cond():
-        if time.time() - t0 > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def _finish(procs) -> list[tuple[int, str]]:
-    res = []
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        _, err = p.communicate(timeout=60)
-        res.append((p.returncode, err))
-    return res
-
-
 def _last_line(err: str) -> str:
     return err.strip().splitlines()[-1] if err.strip() else ""
 
@@ -217,12 +201,12 @@ def test_training_process_killed_mid_step(server, vllm_tiny_dir, tmp_path):
     recipe, out = _fault_recipe(tmp_path, vllm_tiny_dir, port)
     procs = _start_ranks(recipe, {1: {"GRPOKIT_FAULT": "generation@3"}})
     try:
-        _wait(lambda: procs[1].poll() is not None, 600, "rank 1 to kill itself")
+        wait_for(lambda: procs[1].poll() is not None, 600, "rank 1 to kill itself")
         t_dead = time.time()
-        _wait(lambda: procs[0].poll() is not None, 60 + 30, "rank 0 to stop")
+        wait_for(lambda: procs[0].poll() is not None, 60 + 30, "rank 0 to stop")
         took = time.time() - t_dead
     finally:
-        (rc0, err0), (rc1, _) = _finish(procs)
+        (rc0, err0), (rc1, _) = finish_processes(procs)
     line = _last_line(err0)
     print(f"\ntraining process killed: rank 0 stopped {took:.2f} s later: {line}")
     assert rc1 == -signal.SIGKILL
@@ -238,16 +222,16 @@ def test_server_killed_mid_step(vllm_tiny_dir, tmp_path):
     recipe, out = _fault_recipe(tmp_path, vllm_tiny_dir, port, max_completion_length=64)
     procs = _start_ranks(recipe, {})
     try:
-        _wait(lambda: (out / "checkpoint-2").is_dir(), 900, "checkpoint-2")
+        wait_for(lambda: (out / "checkpoint-2").is_dir(), 900, "checkpoint-2")
         os.killpg(proc.pid, signal.SIGKILL)
         t_dead = time.time()
-        _wait(lambda: all(p.poll() is not None for p in procs), 300 + 60, "both ranks to stop")
+        wait_for(lambda: all(p.poll() is not None for p in procs), 300 + 60, "both ranks to stop")
         took = time.time() - t_dead
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        res = _finish(procs)
+        res = finish_processes(procs)
     lines = [_last_line(err) for _, err in res]
     print(f"\nserver killed: both ranks stopped within {took:.2f} s: {lines}")
     for (rc, err), line in zip(res, lines):
@@ -265,15 +249,15 @@ def test_hung_server(vllm_tiny_dir, tmp_path):
     recipe, out = _fault_recipe(tmp_path, vllm_tiny_dir, port, server_timeout=20)
     procs = _start_ranks(recipe, {})
     try:
-        _wait(lambda: (out / "checkpoint-2").is_dir(), 900, "checkpoint-2")
+        wait_for(lambda: (out / "checkpoint-2").is_dir(), 900, "checkpoint-2")
         os.killpg(proc.pid, signal.SIGSTOP)
         t_hung = time.time()
-        _wait(lambda: all(p.poll() is not None for p in procs), 20 + 60 + 30, "both ranks")
+        wait_for(lambda: all(p.poll() is not None for p in procs), 20 + 60 + 30, "both ranks")
         took = time.time() - t_hung
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        res = _finish(procs)
+        res = finish_processes(procs)
     lines = [_last_line(err) for _, err in res]
     print(f"\nserver hung: both ranks stopped within {took:.2f} s: {lines}")
     for (rc, err), line in zip(res, lines):
