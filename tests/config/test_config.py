@@ -204,3 +204,23 @@ def test_eval_strategy_no_turns_periodic_evaluation_off():
     assert build_config({"eval_strategy": "steps", "eval_steps": 100}).eval_steps == 100
     with pytest.raises(ConfigError, match="eval_strategy: 'epoch' is not supported"):
         build_config({"eval_strategy": "epoch"})
+
+
+def test_eval_strategy_no_unquoted_in_yaml_reads_as_no(tmp_path):
+    # YAML 1.1 reads an unquoted `no` as false: it still means TRL's "no"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("eval_strategy: no\neval_steps: 100\n")
+    assert load_config(str(recipe), []).eval_steps == 0
+    assert load_config(None, ["--eval_strategy", "no", "--eval_steps", "5"]).eval_steps == 0
+
+
+def test_bf16_auto_follows_the_hardware():
+    from grpokit.speed.cpu import cpu_flags, has_native_bf16
+
+    native = bool(has_native_bf16(cpu_flags()))  # the tests run on CPU (no GPU in CI)
+    assert build_config({"bf16": "auto", "device": "cpu"}).bf16 is native
+    assert build_config({"bf16": "Auto", "device": "cpu"}).bf16 is native
+    assert build_config({"bf16": True}).bf16 is True
+    assert build_config({"bf16": "false"}).bf16 is False
+    with pytest.raises(ConfigError, match="bf16='maybe': expected true, false or auto"):
+        build_config({"bf16": "maybe"})
