@@ -6,7 +6,9 @@ Sources (``dataset_name``):
   likely), each 1-99 (repeats allowed), and a target 10-100 that is reachable using every
   number exactly once with +, -, *, exact / and every intermediate value a non-negative
   integer (checked by exhaustive search; the ``solution`` column holds one such equation).
-  Parameters: ``train_size`` (default 5000), ``test_size`` (default 500).
+  Parameters: ``train_size`` (default 5000), ``test_size`` (default 500), and the problem
+  shape for smaller models: ``count`` (how many numbers, an int or a list to draw from;
+  default [3, 4]), ``max_number`` (default 99), ``target_range`` (default [10, 100]).
 - rows with ``nums`` and ``target`` (the Countdown-Tasks-3to4 layout): a local
   json/jsonl/parquet/csv file or directory, or the hub id ``Jiayi-Pan/Countdown-Tasks-3to4``
   (train split only, so set ``test_size`` for a seeded held-out slice).
@@ -94,14 +96,26 @@ def _solve(items: list[tuple[int, str]], target: int) -> str:
     raise AssertionError("unreachable: target was in the reachable set")
 
 
-def generate_problem(rng: random.Random) -> dict[str, Any]:
-    """One solvable problem: 3 or 4 numbers in 1..99, a target in 10..100, a solution."""
-    while True:
-        nums = [rng.randint(1, 99) for _ in range(rng.choice((3, 4)))]
-        targets = sorted(t for t in reachable(tuple(sorted(nums))) if 10 <= t <= 100)
+def generate_problem(
+    rng: random.Random,
+    counts: tuple[int, ...] = (3, 4),
+    max_number: int = 99,
+    target_range: tuple[int, int] = (10, 100),
+) -> dict[str, Any]:
+    """One solvable problem: ``counts`` (one drawn) numbers in 1..``max_number``, a target in
+    ``target_range`` (inclusive) reachable from them, and a solution. The defaults are the
+    Countdown-Tasks-3to4 shape: 3 or 4 numbers in 1..99, targets 10..100."""
+    lo, hi = target_range
+    for _ in range(20_000):
+        nums = [rng.randint(1, max_number) for _ in range(rng.choice(counts))]
+        targets = sorted(t for t in reachable(tuple(sorted(nums))) if lo <= t <= hi)
         if targets:
             target = rng.choice(targets)
             return {"nums": nums, "target": target, "solution": solve(nums, target)}
+    raise TaskDataError(
+        f"task countdown: no target in [{lo}, {hi}] was reachable from {list(counts)} numbers "
+        f"up to {max_number} in 20,000 draws; widen target_range or change max_number"
+    )
 
 
 # ---------------------------------------------------------------------- task
@@ -112,24 +126,49 @@ class CountdownTask(Task):
     default_system_prompt: str | None = SYSTEM_PROMPT
     required_columns: tuple = ("nums", "target")
 
-    param_defaults: ClassVar[dict[str, Any]] = {"train_size": 5000, "test_size": None}
+    param_defaults: ClassVar[dict[str, Any]] = {
+        "train_size": 5000,
+        "test_size": None,
+        "count": [3, 4],
+        "max_number": 99,
+        "target_range": [10, 100],
+    }
 
     @property
     def generated(self) -> bool:
         return self.dataset_name in (None, "generate")
 
     def configure(self) -> None:
+        self.shape = self._problem_shape()
         if self.generated:
             test = self.p["test_size"]
             self.sizes = {
                 "train": int(self.p["train_size"]),
                 "test": 500 if test is None else int(test),
             }
-        elif self.p["train_size"] != self.param_defaults["train_size"]:
+        else:
+            for k in ("train_size", "count", "max_number", "target_range"):
+                if self.p[k] != self.param_defaults[k]:
+                    raise TaskDataError(
+                        f"task countdown: {k} applies to generated problems only; "
+                        "use max_train_samples to cap a dataset"
+                    )
+
+    def _problem_shape(self) -> dict[str, Any]:
+        """The generator's parameters, checked: ``count`` (an int or a list of ints >= 2),
+        ``max_number`` >= 1, ``target_range`` [lo, hi] with 0 <= lo <= hi."""
+        count, top, rng = self.p["count"], self.p["max_number"], self.p["target_range"]
+        counts = tuple(count) if isinstance(count, (list, tuple)) else (count,)
+        if not counts or not all(isinstance(c, int) and 2 <= c <= 6 for c in counts):
+            raise TaskDataError(f"task countdown: count={count!r}: use 2..6 or a list of them")
+        if not isinstance(top, int) or top < 1:
+            raise TaskDataError(f"task countdown: max_number={top!r}: use an integer >= 1")
+        ok = isinstance(rng, (list, tuple)) and len(rng) == 2
+        if not ok or not all(isinstance(v, int) for v in rng) or not 0 <= rng[0] <= rng[1]:
             raise TaskDataError(
-                "task countdown: train_size applies to generated problems only; "
-                "use max_train_samples to cap a dataset"
+                f"task countdown: target_range={rng!r}: use [lo, hi] with 0 <= lo <= hi"
             )
+        return {"counts": counts, "max_number": top, "target_range": (rng[0], rng[1])}
 
     def load_rows(self, split: str) -> list[dict[str, Any]]:
         if not self.generated:
@@ -140,14 +179,14 @@ class CountdownTask(Task):
             return self._cache[split]
         key = lambda r: (tuple(sorted(r["nums"])), r["target"])  # noqa: E731
         test_rng = random.Random(f"countdown-test-{self.seed}")
-        test = [generate_problem(test_rng) for _ in range(self.sizes["test"])]
+        test = [generate_problem(test_rng, **self.shape) for _ in range(self.sizes["test"])]
         self._cache["test"] = test
         if split == "test":
             return test
         held = {key(r) for r in test}
         rng, train = random.Random(f"countdown-train-{self.seed}"), []
         while len(train) < self.sizes["train"]:
-            r = generate_problem(rng)
+            r = generate_problem(rng, **self.shape)
             if key(r) not in held:
                 train.append(r)
         self._cache["train"] = train

@@ -283,3 +283,50 @@ def test_task_rewards_are_registered():
         1.0,
         0.0,
     ]
+
+
+def test_smaller_problems_for_small_models():
+    t = get_task(
+        "countdown",
+        seed=3,
+        train_size=300,
+        test_size=60,
+        count=3,
+        max_number=9,
+        target_range=[1, 20],
+    )
+    rows = t.build("train") + t.build("test")
+    assert {len(r["nums"]) for r in rows} == {3}
+    assert all(1 <= n <= 9 for r in rows for n in r["nums"])
+    assert all(1 <= r["target"] <= 20 for r in rows)
+    for r in rows:  # each is solvable, by the generator's own solution, graded as trained
+        assert _check_steps(ast.parse(r["solution"], mode="eval").body) == r["target"]
+        assert t.is_correct(f"<think>x</think><answer>{r['solution']}</answer>", r)
+    mixed = get_task("countdown", seed=3, train_size=200, test_size=10, count=[2, 3])
+    assert {len(r["nums"]) for r in mixed.build("train")} == {2, 3}
+
+
+@pytest.mark.parametrize(
+    "params, says",
+    [
+        ({"count": 1}, "count=1: use 2..6"),
+        ({"count": [3, "x"]}, "count=[3, 'x']"),
+        ({"max_number": 0}, "max_number=0"),
+        ({"target_range": [20, 5]}, "target_range=[20, 5]"),
+        ({"target_range": 7}, "target_range=7"),
+        ({"count": 2, "max_number": 1, "target_range": [50, 60]}, "no target in [50, 60]"),
+    ],
+)
+def test_bad_problem_shapes_are_named(params, says):
+    from grpokit.tasks.base import TaskDataError
+
+    with pytest.raises(TaskDataError, match=re.escape(says)):
+        get_task("countdown", train_size=5, test_size=5, **params).build("train")
+
+
+def test_problem_shape_is_for_generated_problems_only(tmp_path, write_jsonl):
+    from grpokit.tasks.base import TaskDataError
+
+    write_jsonl(tmp_path / "train.jsonl", [{"nums": [3, 5, 7], "target": 22}])
+    with pytest.raises(TaskDataError, match="max_number applies to generated problems only"):
+        get_task("countdown", dataset_name=str(tmp_path), max_number=9)
