@@ -69,3 +69,25 @@ class GuessingGame:
             self.found = True
             return "correct"
         return "higher" if number < self.secret else "lower"
+
+
+def tool_turns(prompts, completions, **kw):
+    """Reward: the tool messages in each completion (rewards receive the conversation)."""
+    return [float(sum(m["role"] == "tool" for m in c)) for c in completions]
+
+
+def guesses_made(prompts, completions, environments=None, **kw):
+    """Reward: how many guesses each completion's environment saw."""
+    return [float(len(e.guesses)) for e in environments]
+
+
+class NoReset:
+    """Not an environment: no reset."""
+
+    def step(self, text: str) -> str:
+        """Echo.
+
+        Args:
+            text: Anything.
+        """
+        return text
