@@ -14,6 +14,8 @@ Code the model wrote belongs in ``grpokit.sandbox`` (the ``python`` built-in too
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import signal
 import threading
 from collections.abc import Callable
@@ -82,6 +84,19 @@ def call_with_timeout(fn: Callable[[], Any], seconds: float) -> Any:
     return _in_thread(fn, seconds)
 
 
+def _invoke(fn: Callable, arguments: dict[str, Any]) -> Any:
+    """``fn(**arguments)``; an ``async def`` tool's coroutine is run to its end (TRL awaits
+    async tools)."""
+    out = fn(**arguments)
+    if inspect.isawaitable(out):
+        out = asyncio.run(_awaited(out))
+    return out
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
 def run_call(call: ToolCall | MalformedCall, tools: dict[str, Callable], timeout: float) -> Outcome:
     """The tool message for ``call`` against ``tools`` (name -> function)."""
     if isinstance(call, MalformedCall):
@@ -91,7 +106,7 @@ def run_call(call: ToolCall | MalformedCall, tools: dict[str, Callable], timeout
         known = ", ".join(sorted(tools)) or "none"
         return _error(call.name, "unknown", f"no tool named {call.name!r} (tools: {known})")
     try:
-        result = call_with_timeout(lambda: fn(**call.arguments), timeout)
+        result = call_with_timeout(lambda: _invoke(fn, call.arguments), timeout)
     except ToolTimeout:
         return _error(call.name, "timeout", f"{call.name} did not finish within {timeout:g} s")
     except Exception as e:

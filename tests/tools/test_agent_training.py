@@ -185,6 +185,22 @@ def test_stop_and_resume_with_multi_turn_completions_is_identical(tmp_path, tiny
         assert torch.equal(pa, pc), n
 
 
+def test_dynamic_sampling_keeps_masks_and_episodes_together(tmp_path, tiny_model_dir):
+    """Groups selected and concatenated across generation batches keep each completion's
+    tool_mask and conversation with its tokens."""
+    cfg = _cfg(tiny_model_dir, tmp_path / "run", dynamic_sampling=True, max_num_gen_batches=3)
+    tr = _trainer(cfg)
+    b, m, _ = tr.collect_round()
+    ro = b.rollout
+    assert len(ro.episodes) == ro.completion_ids.shape[0] == 4
+    for i, ep in enumerate(ro.episodes):
+        n = len(ep.ids)
+        assert ro.completion_ids[i, :n].tolist() == ep.ids
+        assert ro.tool_mask[i, :n].tolist() == ep.mask and ro.completion_mask[i].sum() == n
+    assert torch.equal(b.loss_mask, ro.completion_mask * ro.tool_mask)
+    assert m["dynamic_sampling/num_gen_batches"] >= 1
+
+
 def _secret(question: str) -> int:
     a, op, b = re.match(r"What is (\d+) ([-+*]) (\d+)\?", question).groups()
     return {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]

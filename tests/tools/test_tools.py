@@ -181,3 +181,32 @@ def test_a_template_without_tool_format_names_the_way_out():
         ToolFormat(tok, [t.schema for t in load_tools(["calculator"])], "tiny")
     msg = str(e.value)
     assert "has no tool format" in msg and "chat_template: chatml_tools" in msg and "\n" not in msg
+
+
+def test_the_python_tool_runs_in_the_sandbox():
+    """Model-written code goes through grpokit.sandbox; its own failure is the tool's
+    answer (the model reads it), not a failed call."""
+    from grpokit.tools.builtin import python
+
+    box = {"python": python}
+    assert run_call(ToolCall("python", {"code": "print(6 * 7)"}), box, 30).content == "42\n"
+    out = run_call(ToolCall("python", {"code": "print(1)\n1 / 0"}), box, 30)
+    assert out.failure is None
+    assert out.content.startswith("1\n") and "[stopped: exit status 1]" in out.content
+    assert "ZeroDivisionError" in out.content
+
+
+def test_an_async_tool_is_awaited():
+    import asyncio
+
+    async def double(x: int) -> int:
+        """Double a number.
+
+        Args:
+            x: The number.
+        """
+        await asyncio.sleep(0)
+        return 2 * x
+
+    tools = {"double": double}
+    assert run_call(ToolCall("double", {"x": 21}), tools, 5).content == "42"
