@@ -496,8 +496,9 @@ def _check_tools(c: GRPOConfig) -> None:
     )
     _check(c.tool_timeout > 0, f"tool_timeout={c.tool_timeout} must be > 0 (seconds)")
     _check(
-        not (agent and c.use_vllm),
-        "tools / environment_factory run with grpokit's decode loop only for now; set use_vllm: false",
+        not (agent and c.use_vllm and c.vllm_mode != "colocate"),
+        "tools / environment_factory run with grpokit's decode loop or vllm_mode: colocate; "
+        "the rollout server does not run multi-turn rollouts yet",
     )
     _check(
         not (agent and c.generation_loop != "grpokit"),

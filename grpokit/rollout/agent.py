@@ -44,6 +44,7 @@ class Episode:
     messages: list[dict[str, Any]] = field(default_factory=list)  # assistant / tool, in order
     ids: list[int] = field(default_factory=list)  # the completion's tokens
     mask: list[int] = field(default_factory=list)  # tool_mask: 1 model, 0 injected
+    logps: list[float] | None = field(default_factory=list)  # the engine's (vLLM), 0 injected
     calls: int = 0  # tool calls run (failed ones included)
     failures: dict[str, int] = field(default_factory=dict)  # by kind (tools.FAILURE_KINDS)
     ended: str = ""  # eos, limit (a call left unrun), length, overflow
@@ -125,8 +126,8 @@ class Agent:
                 )  # fmt: skip
             active = [
                 i
-                for i, r, (seg, how) in zip(active, room, turns)
-                if self.add_turn(episodes[i], toolboxes[i], seg, how, r, limit)
+                for i, r, turn in zip(active, room, turns)
+                if self.add_turn(episodes[i], toolboxes[i], *turn[:2], r, limit, *turn[2:])
             ]
         return self._assemble(p_ids, p_mask, episodes, engine.pad_id)
 
@@ -151,12 +152,23 @@ class Agent:
             box.update(Environments.tools_of(env))
         return box
 
-    def add_turn(self, ep: Episode, toolbox: dict, seg: list[int], how: str, room: int, limit: int):
-        """Add one generated turn to ``ep``; run its call. True when the model goes on."""
+    def add_turn(
+        self,
+        ep: Episode,
+        toolbox: dict,
+        seg: list[int],
+        how: str,
+        room: int,
+        limit: int,
+        logps=None,
+    ):
+        """Add one generated turn to ``ep`` (``logps``: the engine's log-probs of its tokens,
+        vLLM's); run its call. True when the model goes on."""
         if len(seg) > room:
             seg, how = seg[:room], LENGTH
         ep.ids += seg
         ep.mask += [1] * len(seg)
+        ep.logps = None if logps is None or ep.logps is None else ep.logps + list(logps[: len(seg)])
         msg = _assistant(self.tokenizer.decode(seg, skip_special_tokens=True), how)
         call = msg.pop("call", None)
         ep.messages.append(msg)
@@ -177,6 +189,8 @@ class Agent:
         ep.messages.append({"role": "tool", "name": out.name, "content": out.content})
         ep.ids += injected
         ep.mask += [0] * len(injected)
+        if ep.logps is not None:
+            ep.logps += [0.0] * len(injected)
         return True
 
     def _assemble(self, p_ids, p_mask, episodes: list[Episode], pad_id: int) -> Rollout:
@@ -191,8 +205,14 @@ class Agent:
         truncated = torch.tensor([e.truncated for e in episodes])
         texts = [completion_text(e.messages) for e in episodes]
         dev = p_ids.device
+        s_lp = None  # the engine's log-probs of the sampled tokens (vLLM), 0 elsewhere
+        if all(e.logps is not None and len(e.logps) == len(e.ids) for e in episodes):
+            s_lp = torch.zeros((N, C), dtype=torch.float32)
+            for i, e in enumerate(episodes):
+                s_lp[i, : len(e.ids)] = torch.tensor(e.logps, dtype=torch.float32)
+            s_lp = s_lp.to(dev)
         return Rollout(
-            p_ids, p_mask, ids.to(dev), cmask.to(dev), truncated.to(dev), texts,
+            p_ids, p_mask, ids.to(dev), cmask.to(dev), truncated.to(dev), texts, s_lp,
             tool_mask=tmask.to(dev), episodes=episodes,
         )  # fmt: skip
 

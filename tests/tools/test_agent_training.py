@@ -267,7 +267,7 @@ def test_config_errors_are_one_line(tmp_path, tiny_model_dir, overrides, text):
 @pytest.mark.parametrize(
     "overrides, text",
     [
-        (dict(use_vllm=True), "use_vllm: false"),
+        (dict(use_vllm=True, vllm_mode="server"), "the rollout server does not run multi-turn"),
         (dict(generation_loop="hf"), "generation_loop: grpokit"),
         (dict(max_tool_calling_iterations=-1), "max_tool_calling_iterations"),
         (dict(tool_timeout=0), "tool_timeout"),
