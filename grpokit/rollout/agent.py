@@ -102,15 +102,18 @@ class Agent:
         limit = params.max_new_tokens
         prompts = [r["prompt"] for r in rows for _ in range(G)]
         envs = self._reset(rows, G, prompts)
-        texts = [self.format.render_prompt(p) for p in prompts]
+        shared = envs[0] is None  # no observations: a group's G completions share its prompt
+        step = G if shared else 1
+        texts = [self.format.render_prompt(p) for p in prompts[::step]]
         p_ids, p_mask = tokenize_prompts(
             self.tokenizer, texts, self.max_prompt_length, self.prompt_truncation, counters
         )
+        p_ids, p_mask = p_ids.repeat_interleave(step, 0), p_mask.repeat_interleave(step, 0)
         contexts = [ids[m.bool()].tolist() for ids, m in zip(p_ids, p_mask)]
         episodes = [Episode(environment=e) for e in envs]
         toolboxes = [self._toolbox(e) for e in envs]
         active = list(range(len(episodes)))
-        shared = envs[0] is None and G > 1  # the first turn of a group shares its prompt
+        shared = shared and G > 1  # the first turn of a group shares its prompt's prefill
         while active:
             room = [limit - len(episodes[i].ids) for i in active]
             if shared:

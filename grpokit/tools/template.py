@@ -95,7 +95,6 @@ class ToolFormat:
     def __init__(self, tokenizer, schemas: list[dict[str, Any]], model: str = "the model"):
         self.tokenizer, self.schemas = tokenizer, schemas
         self.check(model)
-        self._cache: dict[tuple, list[int]] = {}
 
     def check(self, model: str) -> None:
         """One-line ToolFormatError unless the template puts every tool's schema in the
