@@ -132,7 +132,9 @@ class Agent:
                 for i, r, turn in zip(active, room, turns)
                 if self.add_turn(episodes[i], toolboxes[i], *turn[:2], r, limit, *turn[2:])
             ]
-        return self._assemble(p_ids, p_mask, episodes, engine.pad_id)
+        model = getattr(engine, "model", None)  # the rollout lives where the policy does
+        dev = next(model.parameters()).device if model is not None else p_ids.device
+        return self._assemble(p_ids.to(dev), p_mask.to(dev), episodes, engine.pad_id)
 
     def _reset(self, rows, G: int, prompts: list) -> list:
         """Each completion's environment, reset with its row; a string ``reset`` returns is
