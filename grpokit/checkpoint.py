@@ -222,7 +222,8 @@ RESUME_LOCKED_KEYS = (
     "gradient_accumulation_steps", "num_iterations", "use_peft", "lora_r", "lora_alpha",
     "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",
     "torch_dtype", "system_prompt", "dataset_prompt_column", "advantage_estimator",
-    "multi_objective_aggregation", "dynamic_sampling", "data_seed",
+    "multi_objective_aggregation", "dynamic_sampling", "data_seed", "tools",
+    "environment_factory", "max_tool_calling_iterations",
 )  # fmt: skip
 
 

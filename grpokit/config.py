@@ -167,6 +167,12 @@ class GRPOConfig:
     )
     bf16_sampling_copy: bool = True  # with bf16 (full fine-tuning): sample from a bf16 copy
 
+    # multi-turn rollouts with tools and environments (docs/tools.md; TRL's keys but the last)
+    tools: list | None = None  # calculator, python, module:function, path/file.py:function
+    max_tool_calling_iterations: int | None = None  # tool calls per completion; null: no limit
+    environment_factory: str | None = None  # module:Factory or path/file.py:Factory
+    tool_timeout: float = 10.0  # seconds one in-process tool call may run
+
     # vLLM rollouts (README, "vLLM rollouts"); needs the vllm package (./run test-vllm)
     use_vllm: bool = False
     vllm_mode: str = "colocate"  # colocate: vLLM in this process; server: grpokit rollout-server
@@ -476,6 +482,29 @@ def _check_generation(c: GRPOConfig) -> None:
     _check(
         c.max_prompt_length is None or c.max_prompt_length >= 1,
         "max_prompt_length must be >= 1 or null",
+    )
+    _check_tools(c)
+
+
+def _check_tools(c: GRPOConfig) -> None:
+    agent = bool(c.tools) or c.environment_factory is not None
+    _check(
+        c.tools is None or (isinstance(c.tools, list) and all(isinstance(t, str) for t in c.tools)),
+        "tools: a list of calculator, python, module:function or path/file.py:function",
+    )
+    _check(
+        c.max_tool_calling_iterations is None or c.max_tool_calling_iterations >= 0,
+        "max_tool_calling_iterations must be >= 0 or null (no limit)",
+    )
+    _check(c.tool_timeout > 0, f"tool_timeout={c.tool_timeout} must be > 0 (seconds)")
+    _check(
+        not (agent and c.use_vllm and c.vllm_mode != "colocate"),
+        "tools / environment_factory run with grpokit's decode loop or vllm_mode: colocate; "
+        "the rollout server does not run multi-turn rollouts yet",
+    )
+    _check(
+        not (agent and c.generation_loop != "grpokit"),
+        "tools / environment_factory need generation_loop: grpokit (stop strings, turn by turn)",
     )
 
 

@@ -45,9 +45,12 @@ class Groups:
 def select_rows(ro: Rollout, idx: torch.Tensor) -> Rollout:
     """The completions ``idx`` (an index tensor) of ``ro``."""
     s_lp = None if ro.sampling_logps is None else ro.sampling_logps[idx]
+    keep = idx.tolist()
     return Rollout(
         ro.prompt_ids[idx], ro.prompt_mask[idx], ro.completion_ids[idx],
-        ro.completion_mask[idx], ro.truncated[idx], [ro.texts[i] for i in idx.tolist()], s_lp,
+        ro.completion_mask[idx], ro.truncated[idx], [ro.texts[i] for i in keep], s_lp,
+        None if ro.tool_mask is None else ro.tool_mask[idx],
+        None if ro.episodes is None else [ro.episodes[i] for i in keep],
     )  # fmt: skip
 
 
@@ -69,6 +72,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     s_lp = None
     if all(r.sampling_logps is not None for r in parts):
         s_lp = cat([right(r.sampling_logps, 0.0) for r in parts])
+    multi = parts[0].tool_mask is not None  # multi-turn rollouts (all parts alike)
+    tool_mask = cat([right(r.tool_mask, 0) for r in parts]) if multi else None
+    episodes = [e for r in parts for e in r.episodes] if multi else None
     return Rollout(
         cat([left(r.prompt_ids, pad_id) for r in parts]),
         cat([left(r.prompt_mask, 0) for r in parts]),
@@ -77,6 +83,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         cat([r.truncated for r in parts]),
         [t for r in parts for t in r.texts],
         s_lp,
+        tool_mask,
+        episodes,
     )
 
 

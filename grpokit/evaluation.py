@@ -55,22 +55,29 @@ def evaluate(
     num_samples: int = 1,
     temperature: float = 1.0,
     keep_examples: int = 5,
+    agent=None,
 ) -> dict[str, Any]:
     """Accuracy (pass@1; pass@k with ``num_samples`` = k sampled completions), format rate,
-    mean reward per function, and completion length statistics over ``rows``."""
+    mean reward per function, and completion length statistics over ``rows``. With an
+    ``agent`` (tools), multi-turn completions and ``tool_call_rate`` (the fraction of
+    completions that called a tool) and ``tool_calls`` (calls per completion)."""
     tok = engine.tokenizer
     greedy = num_samples == 1
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy)
     correct, formatted, lengths, truncated = [], [], [], []
     per_func: dict[str, list[float]] = {reward_name(f): [] for f in reward_funcs}
-    examples = []
+    examples, calls = [], []
     bs = max(1, batch_size // num_samples)
     for s in range(0, len(rows), bs):
         chunk = rows[s : s + bs]
-        ids, mask = tokenize_prompts(
-            tok, render_prompts(tok, [r["prompt"] for r in chunk]), max_prompt_length
-        )
-        ro = engine.generate(ids, mask, params, num_generations=num_samples)
+        if agent is not None:
+            ro = agent.rollout(engine, chunk, num_samples, params)
+            calls.extend(e.calls for e in ro.episodes)
+        else:
+            ids, mask = tokenize_prompts(
+                tok, render_prompts(tok, [r["prompt"] for r in chunk]), max_prompt_length
+            )
+            ro = engine.generate(ids, mask, params, num_generations=num_samples)
         rows_rep = [r for r in chunk for _ in range(num_samples)]
         r = score_rollout(reward_funcs, chunk, ro, num_samples, on_error="skip")
         for j, f in enumerate(reward_funcs):
@@ -78,18 +85,22 @@ def evaluate(
         ok = [bool(task.is_correct(t, row)) for t, row in zip(ro.texts, rows_rep)]
         correct.extend(ok)
         formatted.extend(bool(task.is_formatted(t)) for t in ro.texts)
-        lengths.extend(ro.lengths.tolist())
+        lengths.extend(ro.generated_lengths.tolist())
         truncated.extend(ro.truncated.tolist())
         for i in range(0, len(ro.texts), num_samples):
             if len(examples) < keep_examples:
                 examples.append(
                     {
                         "prompt": prompt_text(chunk[i // num_samples]["prompt"]),
-                        "completion": ro.texts[i],
+                        "completion": ro.shown_texts[i],
                         "correct": ok[i],
                     }
                 )
-    return _summary(correct, formatted, lengths, truncated, per_func, examples, num_samples)
+    out = _summary(correct, formatted, lengths, truncated, per_func, examples, num_samples)
+    if agent is not None:
+        out["tool_call_rate"] = sum(n > 0 for n in calls) / max(len(calls), 1)
+        out["tool_calls"] = sum(calls) / max(len(calls), 1)
+    return out
 
 
 def _summary(correct, formatted, lengths, truncated, per_func, examples, num_samples):
@@ -112,7 +123,7 @@ def _summary(correct, formatted, lengths, truncated, per_func, examples, num_sam
     return out
 
 
-def evaluate_rows(engine, task, rows, reward_funcs, cfg) -> dict[str, Any]:
+def evaluate_rows(engine, task, rows, reward_funcs, cfg, agent=None) -> dict[str, Any]:
     """``evaluate`` with a run config's batch size and lengths, timed (``seconds``)."""
     t0 = time.time()
     r = evaluate(
@@ -123,6 +134,7 @@ def evaluate_rows(engine, task, rows, reward_funcs, cfg) -> dict[str, Any]:
         batch_size=cfg.per_device_eval_batch_size,
         max_new_tokens=cfg.eval_max_completion_length or cfg.max_completion_length,
         max_prompt_length=cfg.max_prompt_length,
+        agent=agent,
     )
     r["seconds"] = time.time() - t0
     return r
@@ -142,7 +154,7 @@ def save_eval(result: dict[str, Any], path: str | Path) -> None:
 def format_comparison(results: dict[str, dict[str, Any]]) -> str:
     """Side-by-side table of evaluation results (e.g. {"before": ..., "after": ...})."""
     names = list(results)
-    keys = ["accuracy", "format_rate", "mean_length", "truncated_ratio"]
+    keys = ["accuracy", "format_rate", "mean_length", "truncated_ratio", "tool_call_rate"]
     for r in results.values():
         for k in r:
             if k.startswith("pass@") and k not in keys:

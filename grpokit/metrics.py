@@ -21,7 +21,7 @@ def round_metrics(ro, total, all_rewards, reward_names, G: int) -> dict[str, Any
     """Rewards and completion lengths of one round, over every process's rows.
 
     ``total``: (N_global,) combined rewards; ``all_rewards``: (N_global, F) per function."""
-    lengths = dist.all_gather_cat(ro.lengths.float())
+    lengths = dist.all_gather_cat(ro.generated_lengths.float())  # tool results left out
     truncated = dist.all_gather_cat(ro.truncated.float())
     m: dict[str, Any] = {
         "reward": torch.nanmean(total),
@@ -33,11 +33,29 @@ def round_metrics(ro, total, all_rewards, reward_names, G: int) -> dict[str, Any
         "tokens_generated": lengths.sum(),
         "tokens_prompt": dist.all_reduce_sum(ro.prompt_mask.sum().float()),
     }
+    if ro.episodes is not None:
+        m.update(tool_metrics(ro.episodes))
     for j, name in enumerate(reward_names):
         col = all_rewards[:, j]
         valid = col[~torch.isnan(col)]
         m[f"rewards/{name}/mean"] = valid.mean() if valid.numel() else float("nan")
         m[f"rewards/{name}/std"] = valid.std() if valid.numel() > 1 else float("nan")
+    return m
+
+
+def tool_metrics(episodes) -> dict[str, Any]:
+    """Multi-turn rounds: TRL's ``tools/call_frequency`` (calls per completion) and
+    ``tools/failure_frequency`` (failed calls / calls), every process's; and the failures
+    by kind (``tools/failures/<kind>``, counts)."""
+    from grpokit.tools import FAILURE_KINDS
+
+    counts = [float(len(episodes)), float(sum(e.calls for e in episodes))]
+    counts += [float(sum(e.failures.get(k, 0) for e in episodes)) for k in FAILURE_KINDS]
+    c = dist.all_reduce_sum(torch.tensor(counts, dtype=torch.float64)).tolist()
+    failed = sum(c[2:])
+    m = {"tools/call_frequency": c[1] / max(c[0], 1.0)}
+    m["tools/failure_frequency"] = failed / c[1] if c[1] else 0.0
+    m.update({f"tools/failures/{k}": v for k, v in zip(FAILURE_KINDS, c[2:])})
     return m
 
 

@@ -142,13 +142,18 @@ def score_rollout(
     counters: dict[str, int] | None = None,
 ) -> torch.Tensor:
     """(N, F) rewards of a rollout's completions (``group_size`` per row of ``rows``,
-    contiguous): each function gets the prompts, the completions as assistant messages, every
-    dataset column but the prompt, and the completion token ids."""
+    contiguous): each function gets the prompts, the completions as assistant messages (a
+    multi-turn completion: its messages, tool turns included), every dataset column but the
+    prompt, the completion token ids and, with environment_factory, ``environments``."""
     columns = columns_for_rewards(rows, group_size)
     columns["completion_ids"] = [
         ro.completion_ids[i, : int(n)].tolist() for i, n in enumerate(ro.lengths)
     ]
     completions = [[{"role": "assistant", "content": t}] for t in ro.texts]
+    if ro.episodes is not None:  # multi-turn: the whole conversation, tool turns included (TRL)
+        completions = [e.messages for e in ro.episodes]
+        if any(e.environment is not None for e in ro.episodes):
+            columns["environments"] = [e.environment for e in ro.episodes]
     prompts = [r["prompt"] for r in rows for _ in range(group_size)]
     return score(funcs, prompts, completions, columns, on_error=on_error, counters=counters)
 

@@ -31,6 +31,7 @@ from grpokit.rollout.hf import HFRolloutEngine
 from grpokit.scoring import reward_name
 from grpokit.speed.cpu import warn_if_bf16_is_emulated
 from grpokit.speed.weights import sparse_tied_embedding_grad
+from grpokit.tools.template import named_chat_template
 from grpokit.update import GradientPass, SamplingCorrection
 
 
@@ -59,6 +60,7 @@ def preflight(
         except VLLMError as e:
             raise ConfigError(f"{e}; or set use_vllm: false") from e
     task = build_task(cfg)
+    load_agent_tools(cfg)  # a tools entry that names nothing fails before any model loads
     if not check_packages:  # planning: reward models are weights, which plan never loads
         return task, None
     return task, build_rewards(cfg, task, device)
@@ -90,6 +92,7 @@ class Rewards:
     funcs: list
     weights: torch.Tensor  # (F,) float32
     names: list[str]
+    environments: Any = None  # tools.Environments (environment_factory), whose get_reward is one
 
 
 def build_rewards(cfg: GRPOConfig, task, device: torch.device | None = None) -> Rewards:
@@ -124,9 +127,58 @@ def build_rewards(cfg: GRPOConfig, task, device: torch.device | None = None) -> 
             f"{len(weights)} reward_weights for {len(funcs)} reward_funcs (the task's defaults "
             "when reward_funcs is unset); give one weight per function"
         )
+    envs = _environments(cfg)
+    if envs is not None and envs.reward_function() is not None:  # TRL: weight 1, its class name
+        funcs, weights = [*funcs, envs.reward_function()], [*weights, 1.0]
     return Rewards(
-        funcs, torch.tensor(weights, dtype=torch.float32), [reward_name(f) for f in funcs]
+        funcs, torch.tensor(weights, dtype=torch.float32), [reward_name(f) for f in funcs], envs
     )
+
+
+def load_agent_tools(cfg: GRPOConfig) -> list:
+    """The recipe's ``tools`` (functions and JSON schemas), or a one-line ConfigError."""
+    from grpokit.tools import ToolSpecError, load_tools
+
+    try:
+        return load_tools(cfg.tools)
+    except ToolSpecError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _environments(cfg: GRPOConfig):
+    if cfg.environment_factory is None:
+        return None
+    from grpokit.tools import Environments, ToolSpecError
+
+    try:
+        return Environments(cfg.environment_factory)
+    except ToolSpecError as e:
+        raise ConfigError(str(e)) from None
+
+
+def build_agent(cfg: GRPOConfig, m: Models, rewards: Rewards, rows: Sequence):
+    """The multi-turn rollouts (``rollout/agent.py``) when the recipe has tools or an
+    environment_factory, else None. The chat template must have a tool format."""
+    if not cfg.tools and cfg.environment_factory is None:
+        return None
+    from grpokit.rollout.agent import Agent
+    from grpokit.tools import ToolFormatError
+
+    if len(rows) and isinstance(rows[0]["prompt"], str):
+        raise ConfigError(
+            f"tools / environment_factory need chat prompts (messages); task {cfg.task!r} "
+            "gives plain strings"
+        )
+    try:
+        return Agent(
+            m.tokenizer, load_agent_tools(cfg), rewards.environments,
+            max_iterations=cfg.max_tool_calling_iterations,
+            timeout=cfg.tool_timeout,
+            max_prompt_length=cfg.max_prompt_length, prompt_truncation=cfg.prompt_truncation,
+            model=cfg.model_name_or_path, vocab_size=int(getattr(m.model.config, "vocab_size", 0)),
+        )  # fmt: skip
+    except ToolFormatError as e:
+        raise ConfigError(str(e)) from None
 
 
 @dataclass
@@ -186,7 +238,7 @@ def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
         lora_target_modules=cfg.lora_target_modules,
         gradient_checkpointing=cfg.gradient_checkpointing,
         trust_remote_code=cfg.trust_remote_code,
-        chat_template=cfg.chat_template,
+        chat_template=named_chat_template(cfg.chat_template),
         revision=cfg.model_revision,
         attn_implementation=cfg.attn_implementation,
         device_type=device.type,

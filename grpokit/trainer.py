@@ -70,6 +70,7 @@ class GRPOTrainer:
         self.engine, self.eval_engine, self.sampling = setup.build_engines(
             cfg, self.models, self.strategy
         )
+        self.agent = setup.build_agent(cfg, self.models, self.rewards, self.train_rows)
         self.opt = setup.build_optimization(
             cfg, self.models, self.engine, self.strategy, self.device, self.total_steps
         )
@@ -189,6 +190,8 @@ class GRPOTrainer:
         all_rewards, total, adv = round_advantages(rewards, self.rewards.weights, c, self.device)
         t2 = time.time()
         loss_mask = ro.completion_mask.clone()
+        if ro.tool_mask is not None:  # tool results are context, never trained on
+            loss_mask *= ro.tool_mask
         if c.mask_truncated_completions:
             loss_mask[ro.truncated] = 0
         # With num_iterations > 1 the old log-probs are the first optimizer step's own
@@ -210,7 +213,7 @@ class GRPOTrainer:
             prompts = [row["prompt"] for row in rows for _ in range(G)]
             local_total = total[r * N : (r + 1) * N]
             table = completions_table(
-                prompts, ro.texts, rewards, local_total, adv, self.rewards.names
+                prompts, ro.shown_texts, rewards, local_total, adv, self.rewards.names
             )
         return batch, m, table
 
@@ -221,11 +224,14 @@ class GRPOTrainer:
         n, r = self.data.prompts_per_rank, dist.rank()
         rows = [self.train_rows[i] for i in idx[r * n : (r + 1) * n]]
         t0 = time.time()
-        texts = render_prompts(self.tokenizer, [r["prompt"] for r in rows])
-        p_ids, p_mask = tokenize_prompts(
-            self.tokenizer, texts, c.max_prompt_length, c.prompt_truncation, self.counters
-        )
-        ro = self.engine.generate(p_ids, p_mask, self.sampling, num_generations=G)
+        if self.agent is not None:  # tools / environments: multi-turn (grpokit/rollout/agent.py)
+            ro = self.agent.rollout(self.engine, rows, G, self.sampling, self.counters)
+        else:
+            texts = render_prompts(self.tokenizer, [r["prompt"] for r in rows])
+            p_ids, p_mask = tokenize_prompts(
+                self.tokenizer, texts, c.max_prompt_length, c.prompt_truncation, self.counters
+            )
+            ro = self.engine.generate(p_ids, p_mask, self.sampling, num_generations=G)
         fault_point("generation", self.step + 1)
         t1 = time.time()
         rewards = score_rollout(
@@ -310,7 +316,9 @@ class GRPOTrainer:
         return {"stopped": False, "step": self.step, "final_model": str(final), **results}
 
     def _evaluate(self, tag: str, verbose: bool = True) -> dict[str, Any]:
-        r = evaluate_rows(self.eval_engine, self.task, self.eval_rows, self.rewards.funcs, self.cfg)
+        r = evaluate_rows(
+            self.eval_engine, self.task, self.eval_rows, self.rewards.funcs, self.cfg, self.agent
+        )
         if dist.is_main():
             save_eval(r, self.out / f"eval_{tag}.json")
         if verbose:

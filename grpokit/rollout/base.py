@@ -32,6 +32,11 @@ class Rollout:
     sampling_logps:  (N, C) log-prob of each sampled token under the engine that sampled it
                      (temperature applied), 0 past the mask; None when the engine does not
                      report them (the HF engine samples from the training model itself)
+    tool_mask:       (N, C) multi-turn rollouts (``rollout/agent.py``): 1 on tokens the model
+                     generated, 0 on tool results and the template tokens around them (in the
+                     context, never trained on); None for one-turn rollouts
+    episodes:        multi-turn rollouts: each completion's ``agent.Episode`` (its messages,
+                     tool calls and failures, environment); None otherwise
     """
 
     prompt_ids: torch.Tensor
@@ -41,11 +46,27 @@ class Rollout:
     truncated: torch.Tensor
     texts: list[str]
     sampling_logps: torch.Tensor | None = None
+    tool_mask: torch.Tensor | None = None
+    episodes: list | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
-        """(N,) completion lengths in tokens (EOS included)."""
+        """(N,) completion lengths in tokens (EOS included; tool results included)."""
         return self.completion_mask.sum(-1)
+
+    @property
+    def generated_lengths(self) -> torch.Tensor:
+        """(N,) tokens the model generated (tool results left out, as TRL counts them)."""
+        if self.tool_mask is None:
+            return self.lengths
+        return (self.completion_mask * self.tool_mask).sum(-1)
+
+    @property
+    def shown_texts(self) -> list[str]:
+        """What logs show of each completion: its text, or the whole conversation."""
+        if self.episodes is None:
+            return self.texts
+        return [e.transcript for e in self.episodes]
 
 
 def completion_mask_from_eos(

@@ -9,6 +9,7 @@ import torch
 
 from grpokit.rollout.base import Rollout, SamplingParams, completion_mask_from_eos
 from grpokit.rollout.sampler import sample
+from grpokit.rollout.stops import StopStrings, turn_segments
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -147,6 +148,44 @@ class HFRolloutEngine:
         completion_ids = completion_ids.masked_fill(cmask == 0, self.pad_id)
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         return Rollout(ids, mask, completion_ids, cmask, truncated, texts)
+
+    @torch.no_grad()
+    def generate_turn(
+        self,
+        contexts: list[list[int]],
+        params: SamplingParams,
+        *,
+        max_new_tokens: int,
+        stops: StopStrings | None = None,
+        num_generations: int = 1,
+    ) -> list[tuple[list[int], str]]:
+        """One assistant turn after each of ``contexts`` (token ids: prompt and the turns so
+        far), ``num_generations`` rows per context, until EOS, a stop string or
+        ``max_new_tokens``: per row (the turn's ids, how it ended: ``rollout.stops``)."""
+        if self.loop != "grpokit":
+            raise ValueError("multi-turn rollouts need generation_loop: grpokit")
+        dev = next(self.model.parameters()).device
+        width = max(len(c) for c in contexts)
+        ids = torch.full((len(contexts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, c in enumerate(contexts):
+            ids[i, width - len(c) :], mask[i, width - len(c) :] = torch.tensor(c), 1
+        model, amp = self.sampling_model()
+        was_training = model.training
+        model.eval()
+        try:
+            with autocast(model.device.type, amp):
+                tokens = sample(
+                    model, ids.to(dev), mask.to(dev), num_samples=num_generations,
+                    max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                    greedy=params.greedy, temperature=params.temperature, top_p=params.top_p,
+                    top_k=params.top_k, min_p=params.min_p,
+                    repetition_penalty=params.repetition_penalty, fused_decode=self.fused_decode,
+                    stop=None if stops is None else stops.start(),
+                )  # fmt: skip
+        finally:
+            model.train(was_training)
+        return turn_segments(tokens, self.eos_ids, stops)
 
     def _hf_kwargs(self, params: SamplingParams) -> dict:
         kwargs = dict(

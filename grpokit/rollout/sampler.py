@@ -114,6 +114,7 @@ class _Choice:
     repetition_penalty: float
     min_new_tokens: int
     generator: torch.Generator | None
+    stop: object = None  # callable(tokens, rows, t, check) -> (n,) bool: stop strings (stops.py)
 
 
 @dataclass
@@ -160,6 +161,7 @@ def sample(
     num_samples: int = 1,
     generator: torch.Generator | None = None,
     fused_decode: bool = True,
+    stop=None,
 ) -> torch.Tensor:
     """(B, P) left-padded prompts -> (B * num_samples, C) completion ids, C <= max_new_tokens,
     the ``num_samples`` completions of a prompt contiguous, rows that ended padded with
@@ -173,6 +175,9 @@ def sample(
     ``fused_decode``: decode steps run through ``fastdecode.FastDecoder`` (fused products
     from the model's own weights, same arithmetic) when it reproduces the model (Llama,
     Mistral, Qwen2 without autocast); otherwise, or when False, through the model's forward.
+
+    ``stop``: ends rows besides EOS (``rollout.stops.StopStrings``): called after each step
+    with the tokens so far, the running rows' output indices, the step and which rows to check.
     """
     B, P = input_ids.shape
     G = max(1, int(num_samples))
@@ -200,6 +205,7 @@ def sample(
                 min_new_tokens=min_new_tokens,
                 generator=generator,
                 fused_decode=fused_decode,
+                stop=stop,
             )
         logits, mask, next_pos = logits[rep], mask[rep], next_pos[rep]
         seen = None if seen is None else seen[rep]
@@ -208,6 +214,7 @@ def sample(
         greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
         repetition_penalty=repetition_penalty, generator=generator,
         min_new_tokens=min_new_tokens if eos_ids else 0,  # no EOS to hold back otherwise
+        stop=stop,
     )  # fmt: skip
     fast = _fast_decoder(model, cache, total) if fused_decode else None
     run = _Running.start(mask, next_pos, seen)
@@ -272,7 +279,10 @@ def _decode(
         nxt = _choose(logits, run, choice, t)
         tokens[run.rows, t] = nxt
         steps = t + 1
+        running = ~run.done
         run.done |= torch.isin(nxt, choice.eos)
+        if choice.stop is not None:
+            run.done |= choice.stop(tokens, run.rows, t, running & ~run.done)
         n_done = int(run.done.sum())
         if n_done == run.done.numel() or t == max_new_tokens - 1:
             break

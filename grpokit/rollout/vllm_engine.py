@@ -74,8 +74,11 @@ def policy_state_dict(model) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def vllm_sampling_params(params: SamplingParams, eos_ids: list[int], seed: int | None):
-    """vLLM's SamplingParams for one completion, the same settings as the HF engine."""
+def vllm_sampling_params(
+    params: SamplingParams, eos_ids: list[int], seed: int | None, stop: list[str] | None = None
+):
+    """vLLM's SamplingParams for one completion, the same settings as the HF engine;
+    ``stop``: strings that end it too, kept in the output (multi-turn: ``</tool_call>``)."""
     from vllm import SamplingParams as VSP
 
     kw = dict(
@@ -88,6 +91,8 @@ def vllm_sampling_params(params: SamplingParams, eos_ids: list[int], seed: int |
         detokenize=False,  # the trainer decodes with its own tokenizer
         seed=seed,
     )
+    if stop:  # vLLM matches stop strings on the text it detokenizes
+        kw.update(stop=list(stop), include_stop_str_in_output=True, detokenize=True)
     if params.greedy:
         kw.update(temperature=0.0)
     else:
@@ -342,6 +347,49 @@ class VLLMColocateEngine:
             self.eos_ids,
             self.pad_id,
         )
+
+    @torch.no_grad()
+    def generate_turn(
+        self, contexts, params: SamplingParams, *, max_new_tokens: int, stops=None,
+        num_generations: int = 1,
+    ) -> list[tuple[list[int], str, list[float]]]:  # fmt: skip
+        """One assistant turn after each context (multi-turn rollouts, ``rollout/agent.py``),
+        as the HF engine's ``generate_turn``, with vLLM's log-probs of the sampled tokens."""
+        import dataclasses
+
+        prompts = [list(c) for c in contexts for _ in range(num_generations)]
+        seeds = _row_seeds(len(prompts))
+        p = dataclasses.replace(params, max_new_tokens=max_new_tokens)
+        strings = None if stops is None else stops.strings
+        if self.sleep:
+            self.llm.wake_up()
+        try:
+            with _own_rng():
+                if self._stale:
+                    self.sync_weights()
+                sps = [vllm_sampling_params(p, self.eos_ids, s, strings) for s in seeds]
+                inputs = [{"prompt_token_ids": c} for c in prompts]
+                outs = self.llm.generate(inputs, sps, use_tqdm=False)
+        finally:
+            if self.sleep:
+                self.llm.sleep(level=1)
+        return turns_from_outputs(outs, self.eos_ids)
+
+
+def turns_from_outputs(outs, eos_ids: list[int]) -> list[tuple[list[int], str, list[float]]]:
+    """Multi-turn (``rollout/agent.py``): each vLLM output as (the turn's ids, how it ended
+    (``rollout.stops``), the sampled tokens' log-probs)."""
+    from grpokit.rollout.stops import EOS, LENGTH, STOP
+
+    token_ids, logps = _outputs_to_lists(outs)
+    eos, out = set(eos_ids), []
+    for o, ids, lps in zip(outs, token_ids, logps):
+        if isinstance(o.outputs[0].stop_reason, str):  # a stop string, not a stop token
+            out.append((ids, STOP, lps))
+            continue
+        end = next((i for i, t in enumerate(ids) if t in eos), None)
+        out.append((ids, LENGTH, lps) if end is None else (ids[: end + 1], EOS, lps[: end + 1]))
+    return out
 
 
 # ---------------------------------------------------------------------- server mode
