@@ -182,17 +182,15 @@ class HealthMonitor:
         th = self.p["frac_reward_zero_std"]
         if f < th:
             return False, f"frac_reward_zero_std {_g(f)}", need
-        acc = _num(m.get("accuracy"))
-        why = ""
-        if acc is not None and acc <= 0.1:
-            why = f" (train accuracy {acc:.0%}: the prompts look too hard for the model)"
-        elif acc is not None and acc >= 0.9:
-            why = f" (train accuracy {acc:.0%}: the prompts look too easy)"
+        acc, r = _num(m.get("accuracy")), _num(m.get("reward"))
+        why = f"; train accuracy {acc:.0%}" if acc is not None else ""
+        why += f", mean reward {_g(r)}" if r is not None else ""
         line = (
             f"frac_reward_zero_std >= {_g(th)} for {need} steps (now {_g(f)}): "
             f"most groups give all {self.s.get('num_generations', 'G')} completions the same "
             f"reward, so their advantages are 0 and they teach nothing{why}; raise "
-            "num_generations, use data of the right difficulty, or set dynamic_sampling: true"
+            "num_generations, use data neither too hard nor too easy for the model, or set "
+            "dynamic_sampling: true"
         )
         return True, line, need
 
@@ -221,8 +219,9 @@ class HealthMonitor:
             return None, "", need
         ref = sum(start) / len(start)
         low, drop = self.p["entropy_min"], self.p["entropy_drop"]
-        if e >= low and not (ref > 0 and e < ref / drop):
-            return False, f"entropy {_g(e)}", need
+        th = max(low, ref / drop)
+        if e >= th:  # cleared only at twice the threshold: no flapping around it
+            return (False if e >= 2 * th else None), f"entropy {_g(e)} (start {_g(ref)})", need
         line = (
             f"mean token entropy {_g(e)} (start {_g(ref)}; alert below "
             f"{_g(low)} or {_g(drop)}x under the start, {need} steps): the policy has become "
