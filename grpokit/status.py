@@ -110,6 +110,20 @@ class HealthAlerts:
             if self.status.state is not None:
                 self.status.set(self.status.state, step)
 
+    def stop_now(self) -> bool:
+        """Under ``stop``: whether an alert fired on any process (one collective a round when
+        several train, so they all stop at the same step even if an evaluation differed)."""
+        if self.mode != "stop":
+            return False
+        from grpokit import distributed as dist
+
+        flag = float(self.stop_line is not None)
+        if dist.world_size() > 1:
+            import torch
+
+            flag = dist.all_reduce_sum(torch.tensor(flag)).item()
+        return flag > 0
+
     def state_dict(self) -> dict[str, Any]:
         return self.monitor.state_dict()
 

@@ -169,7 +169,7 @@ class GRPOTrainer:
                 self.save()
             if due(c.report_steps):
                 self.status.write_report(step)
-        if self.stop.requested or self.health.stop_line:
+        if self.stop.requested or self.health.stop_now():
             raise Stop
 
     # ------------------------------------------------------------------ one round

@@ -249,3 +249,28 @@ def test_off_says_nothing(tmp_path, tiny_model_dir, caplog):
     assert "health" not in status
     assert not [r for r in caplog.records if r.getMessage().startswith("health ")]
     assert not [k for r in rows for k in r if k.startswith("health/")]
+
+
+def test_resume_neither_repeats_nor_forgets(tmp_path, ending_model_dir, caplog):
+    """The detectors' state is in the checkpoint: after --resume an alert that fired before
+    does not fire again, and the silent-reward count goes on from where it was."""
+    from grpokit.trainer import GRPOTrainer
+
+    caplog.set_level(logging.WARNING, logger="grpokit")
+    out = tmp_path / "run"
+    values = {**BASE, "model_name_or_path": ending_model_dir, "output_dir": str(out),
+              "reward_funcs": _rewards(tmp_path, "zero"), "do_eval": False}  # fmt: skip
+    GRPOTrainer(build_config({**values, "max_steps": 6, "save_steps": 6})).train()
+    assert [e["alert"] for e in json.loads((out / "status.json").read_text())["health"]["events"]] == [
+        "zero_loss", "no_signal"
+    ]  # fmt: skip
+    caplog.clear()
+    GRPOTrainer(build_config({**values, "max_steps": 12, "save_steps": 6}), resume=True).train()
+    fired = [r.getMessage() for r in caplog.records if r.getMessage().startswith("health ")]
+    assert len(fired) == 1 and fired[0].startswith("health reward_silent/zero at step 10: ")
+    status = json.loads((out / "status.json").read_text())
+    assert [e["alert"] for e in status["health"]["events"]] == [
+        "zero_loss", "no_signal", "reward_silent/zero"
+    ]  # fmt: skip
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("health/no_signal") for r in rows if "loss" in r][4:] == [1.0] * 8
