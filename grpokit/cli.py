@@ -74,6 +74,10 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         print(line, file=sys.stderr, flush=True)
         _exit_if_group_broken(3)
         return 3
+    if result.get("health_stop"):  # health_checks: stop ended the run (docs/health.md)
+        from grpokit.status import HEALTH_STOP_EXIT_CODE
+
+        return HEALTH_STOP_EXIT_CODE
     return 130 if result.get("stopped") else 0
 
 

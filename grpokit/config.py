@@ -282,6 +282,11 @@ class GRPOConfig:
     # steps while it runs (0: only at the end); needs matplotlib (the report extra)
     write_report: bool = True
     report_steps: int = 10
+    # training-health alerts (grpokit/health.py, docs/health.md): warn (one line when an
+    # alert fires or clears), stop (also end the run after a checkpoint, exit code 4), off;
+    # health_params: thresholds to override (grpokit.health.HEALTH_DEFAULTS)
+    health_checks: str | bool = "warn"  # YAML reads a bare off as false: the same
+    health_params: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -668,6 +673,7 @@ def _check_logging(c: GRPOConfig) -> None:
     for r in reports:
         _check(r in REPORT_TO, f"report_to={r!r}: use one of {REPORT_TO}")
     _check(c.logging_steps >= 1, "logging_steps must be >= 1")
+    _check_health(c)
     _check(
         c.hub_strategy in HUB_STRATEGIES,
         f"hub_strategy={c.hub_strategy!r}: use one of {HUB_STRATEGIES}",
@@ -710,6 +716,18 @@ _VALIDATORS = (
     _check_batch,
     _check_logging,
 )
+
+
+def _check_health(c: GRPOConfig) -> None:
+    from grpokit.health import HEALTH_MODES, check_params, health_mode  # stdlib only
+
+    _check(
+        health_mode(c.health_checks) in HEALTH_MODES,
+        f"health_checks={c.health_checks!r}: use warn (say it), stop (say it and end the run "
+        "after a checkpoint) or off",
+    )
+    problem = check_params(c.health_params)
+    _check(problem is None, str(problem))
 
 
 # ---------------------------------------------------------------------- building

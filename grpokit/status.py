@@ -23,6 +23,7 @@ class RunStatus:
         self.enabled, self.report_enabled = enabled, report
         self.state: str | None = None
         self._report_warned = False
+        self.sections: dict[str, Any] = {}  # written into every status.json (e.g. "health")
 
     def set(self, state: str, step: int, **extra: Any) -> None:
         self.state = state
@@ -34,6 +35,7 @@ class RunStatus:
             "step": step,
             "total_steps": self.total_steps,
             "updated": time.time(),
+            **self.sections,
             **extra,
         }
         tmp = self.out / ".status.json.tmp"
@@ -57,6 +59,78 @@ class RunStatus:
         except Exception as e:  # noqa: BLE001 - the run matters more than its report
             log.warning("report.html not written: %s: %s", type(e).__name__, e)
         return None
+
+
+HEALTH_STOP_EXIT_CODE = 4  # grpokit train's exit code when health_checks: stop ended the run
+
+
+class HealthAlerts:
+    """The trainer's side of ``grpokit.health``: feeds it each step's metrics and each
+    held-out evaluation; says each alert that fires or clears once (a logging warning, main
+    process), keeps ``status.json``'s ``health`` section current, and under
+    ``health_checks: stop`` holds the line that ends the run (``stop_line``). Every process
+    runs the same detectors on the same reduced metrics, so all of them stop together."""
+
+    def __init__(self, cfg, status: RunStatus, *, enabled: bool):
+        from grpokit.health import HealthMonitor, health_mode
+
+        self.mode, self.status = health_mode(cfg.health_checks), status
+        self.enabled = enabled
+        self.monitor = HealthMonitor(cfg.to_dict(), cfg.health_params)
+        self.stop_line: str | None = None
+        if self.mode != "off":
+            status.sections["health"] = {"mode": self.mode, **self.monitor.summary()}
+
+    def observe(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
+        """A step's metrics in; the ``health/*`` metrics to log with them out."""
+        if self.mode == "off":
+            return {}
+        self._say(step, self.monitor.observe(step, metrics))
+        return self.monitor.metrics()
+
+    def observe_eval(self, step: int, result: dict[str, Any]) -> None:
+        if self.mode != "off":
+            self._say(step, self.monitor.observe_eval(step, result))
+
+    def _say(self, step: int, events) -> None:
+        for e in events:
+            line = e.line
+            if e.fired and self.mode == "stop" and self.stop_line is None:
+                self.stop_line = line
+                line += (
+                    f" [health_checks: stop: saving a checkpoint and ending the run, exit code "
+                    f"{HEALTH_STOP_EXIT_CODE}]"
+                )
+            if self.enabled:
+                log.warning("%s", line)
+        if events:
+            self.status.sections["health"] = {"mode": self.mode, **self.monitor.summary()}
+            if self.stop_line:
+                self.status.sections["health"]["stopped_by"] = self.stop_line
+            if self.status.state is not None:
+                self.status.set(self.status.state, step)
+
+    def stop_now(self) -> bool:
+        """Under ``stop``: whether an alert fired on any process (one collective a round when
+        several train, so they all stop at the same step even if an evaluation differed)."""
+        if self.mode != "stop":
+            return False
+        from grpokit import distributed as dist
+
+        flag = float(self.stop_line is not None)
+        if dist.world_size() > 1:
+            import torch
+
+            flag = dist.all_reduce_sum(torch.tensor(flag)).item()
+        return flag > 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.monitor.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.monitor.load_state_dict(state)
+        if self.mode != "off":
+            self.status.sections["health"] = {"mode": self.mode, **self.monitor.summary()}
 
 
 class StopRequests:

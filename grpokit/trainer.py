@@ -40,7 +40,7 @@ from grpokit.metrics import accuracy, completions_table, round_metrics
 from grpokit.prompts import render_prompts, tokenize_prompts
 from grpokit.scoring import round_advantages, score_rollout
 from grpokit.speed.heap import HeapRelease
-from grpokit.status import RunStatus, StopRequests
+from grpokit.status import HealthAlerts, RunStatus, StopRequests
 
 log = logging.getLogger("grpokit")
 
@@ -84,6 +84,7 @@ class GRPOTrainer:
             self.out, self.total_steps, enabled=dist.is_main(), report=cfg.write_report
         )
         self.stop = StopRequests(self.logger.print)
+        self.health = HealthAlerts(cfg, self.status, enabled=dist.is_main())  # docs/health.md
         self.nonfinite = NonFiniteSkips(self.out, cfg.max_nonfinite_skips, is_main=dist.is_main())
         self.step = self.resumed_from = 0
         if resume:
@@ -112,7 +113,7 @@ class GRPOTrainer:
             with self.stop:
                 while self.step < self.total_steps:
                     self._round()
-        except (Stop, KeyboardInterrupt):
+        except (Stop, KeyboardInterrupt):  # a signal, or health_checks: stop (stop_line)
             self.status.set("stopped", self.step)
             path = self.save()
             self.logger.print(
@@ -121,7 +122,7 @@ class GRPOTrainer:
             )
             self.status.write_report(self.step)
             self.logger.close()
-            return {"stopped": True, "step": self.step}
+            return {"stopped": True, "step": self.step, "health_stop": self.health.stop_line}
         except Exception as e:
             self.status.set("failed", self.step, error=f"{type(e).__name__}: {e}"[:2000])
             self.status.write_report(self.step)
@@ -140,6 +141,7 @@ class GRPOTrainer:
             m = self.optimizer_step(batch)
             m.update(rmetrics)
             m["time/step"] = time.time() - t_round
+            m.update(self.health.observe(self.step, m))
             t_round = time.time()
             # a round's timings and generated tokens belong to its first step only
             rmetrics = {
@@ -168,7 +170,7 @@ class GRPOTrainer:
                 self.save()
             if due(c.report_steps):
                 self.status.write_report(step)
-        if self.stop.requested:
+        if self.stop.requested or self.health.stop_now():
             raise Stop
 
     # ------------------------------------------------------------------ one round
@@ -321,6 +323,7 @@ class GRPOTrainer:
         )
         if dist.is_main():
             save_eval(r, self.out / f"eval_{tag}.json")
+        self.health.observe_eval(self.step, r)
         if verbose:
             self.logger.print(describe_eval(tag, r))
         return r
@@ -345,6 +348,7 @@ class GRPOTrainer:
                     "counters": self.counters,
                     "total_steps": self.total_steps,
                     "entropy_control": self.opt.gradients.state_dict(),
+                    "health": self.health.state_dict(),
                 },
                 config_yaml=yaml.safe_dump(c.to_dict(), sort_keys=False),
                 ref_model=self.reference.to_save(self.step),
@@ -372,6 +376,7 @@ class GRPOTrainer:
         self.step = self.resumed_from = st["global_step"]
         self.counters = dict(st.get("counters", {}))
         self.opt.gradients.load_state_dict(st.get("entropy_control"))
+        self.health.load_state_dict(st.get("health"))
         set_rng_state(files["rng"])
         if dist.is_main():
             truncate_logs(self.out, self.step)

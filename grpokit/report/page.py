@@ -15,6 +15,7 @@ from grpokit.report.sections import (
     escape,
     eval_examples_html,
     eval_table_html,
+    health_html,
     settings_html,
     status_banner,
     summary_html,
@@ -71,6 +72,7 @@ def render_html(d: RunData, plots: list[Plot], notes: list[str]) -> str:
 <h1>{escape(title)}</h1><p>{sub}</p>{banner}
 <h2>Run summary</h2>{summary_html(d)}
 {"<ul>" + notes_html + "</ul>" if notes_html else ""}
+<h2>Training health</h2>{health_html(d)}
 <h2>Key settings</h2>{settings_html(d)}{config_html}
 <h2>Held-out evaluation, before → after</h2>{eval_table_html(d)}
 <h2>Training curves</h2><p>Noisy per-step values are drawn as faint points with an

@@ -226,3 +226,33 @@ def status_banner(status: dict[str, Any] | None) -> tuple[str, str]:
             "--resume continues it.</p>"
         )
     return "", ""
+
+
+def health_html(d: RunData) -> str:
+    """The training-health alerts (status.json's ``health`` section, grpokit/health.py): each
+    alert that fired or cleared, with its line, and which are still active."""
+    h = (d.status or {}).get("health")
+    if not isinstance(h, dict):
+        return (
+            '<p class="note">no health checks recorded (health_checks: off, or no status.json)</p>'
+        )
+    events = [e for e in h.get("events") or [] if isinstance(e, dict)]
+    mode = escape(h.get("mode", "?"))
+    if not events:
+        return f'<p class="good">No training-health alert fired (health_checks: {mode}).</p>'
+    active = h.get("active") if isinstance(h.get("active"), dict) else {}
+    rows = [
+        [
+            f'<td class="num">{_num(e.get("step"))}</td>',
+            f"<td>{escape(e.get('alert', ''))}</td>",
+            f'<td class="{"bad" if e.get("event") == "fired" else "good"}">'
+            f"{escape(e.get('event', ''))}</td>",
+            f"<td>{escape(e.get('line', ''))}</td>",
+        ]
+        for e in events
+    ]
+    still = ", ".join(escape(k) for k in active) or "none"
+    head = f"<p>health_checks: {mode}; still active at the last write: {still}.</p>"
+    if h.get("stopped_by"):
+        head += f'<p class="bad">The run was ended by: {escape(h["stopped_by"])}</p>'
+    return head + _table(["step", "alert", "event", "what is wrong and what to change"], rows)
