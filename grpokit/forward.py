@@ -19,6 +19,7 @@ import torch
 from grpokit.algo import entropy_from_logits, linear_logprobs, selective_log_softmax
 from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
+from grpokit.speed.attention import shared_mask_attention
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
@@ -142,10 +143,11 @@ class LogProbs:
         if torch.is_grad_enabled():  # token positions the training forward computes
             u = n if shared is None else shared[0].numel()
             self.train_positions += u * (pk - 1) + n * (ck + 1)
-        if shared is not None:
-            out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
-        else:
-            out = self._forward_rows(model, head, p_ids, p_mask, c_ids, c_mask)
+        with shared_mask_attention():  # one float mask per forward, not one per layer
+            if shared is not None:
+                out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
+            else:
+                out = self._forward_rows(model, head, p_ids, p_mask, c_ids, c_mask)
         if head is None:
             return self._from_logits(out, c_ids, c_mask, C, with_entropy)
         return self._from_hidden(out, head[1], c_ids, c_mask, C, with_entropy)
