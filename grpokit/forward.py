@@ -14,6 +14,8 @@ compute the same numbers:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from grpokit.algo import entropy_from_logits, linear_logprobs, selective_log_softmax
@@ -143,7 +145,10 @@ class LogProbs:
         if torch.is_grad_enabled():  # token positions the training forward computes
             u = n if shared is None else shared[0].numel()
             self.train_positions += u * (pk - 1) + n * (ck + 1)
-        with shared_mask_attention():  # one float mask per forward, not one per layer
+        # one float mask per forward, not one per layer; checkpointed layers recompute
+        # their forward in the backward, outside this block: they keep transformers' path
+        sharing = contextlib.nullcontext() if is_checkpointing(model) else shared_mask_attention()
+        with sharing:
             if shared is not None:
                 out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
             else:

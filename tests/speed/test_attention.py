@@ -204,3 +204,28 @@ def test_shared_mask_and_unrepeated_kv_change_no_bit(tiny_model_dir):
     assert count(plain, (n, 1, L, L)) == layers and count(shared, (n, 1, L, L)) == 1
     assert count(plain, repeated) == 2 * layers and count(shared, repeated) == 0
     assert shared.peak_bytes < plain.peak_bytes
+
+
+def test_checkpointed_model_keeps_transformers_attention(tiny_model_dir):
+    """Checkpointed layers recompute their forward in the backward, outside the log-prob
+    forward's attention routing: the forward must take the same path, or the recomputation
+    saves other tensors and the backward fails."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.forward import LogProbs
+    from grpokit.rollout.base import Rollout
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    p_mask = torch.ones(3, 9, dtype=torch.long)
+    p_mask[1, :4] = 0  # left padding: a boolean mask reaches the attention
+    p_ids = torch.randint(3, 100, (3, 9), generator=g) * p_mask
+    c_ids = torch.randint(3, 100, (3, 12), generator=g)
+    ro = Rollout(
+        p_ids, p_mask, c_ids, torch.ones_like(c_ids), torch.ones(3, dtype=torch.bool), [""] * 3
+    )
+    logp, _ = LogProbs(temperature=1.0, amp_dtype=None)(model, ro, slice(None))
+    logp.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
