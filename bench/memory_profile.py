@@ -105,11 +105,16 @@ def child(spec: dict) -> dict:
     trainer = GRPOTrainer(cfg)
     if not spec["generate"]:
         trainer.engine.generate = synthetic_generate(trainer.engine, spec["length"])
+    K = spec.get("micro_batches")
+    if K:  # only the first K micro-batches of each pass (all of one size at forced lengths)
+        full_plan = trainer.opt.plan
+        trainer.opt.plan = lambda ro, **kw: full_plan(ro, **kw)[:K]
+        _optimizer_state(trainer)  # as in every step after the first
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     t0 = time.time()
     with LiveTensors() as live:
         batch, _, _ = trainer.collect_round()
-        plan = [len(p) for p in trainer.opt.plan(batch.rollout)]
+        plan = [len(p) for p in (full_plan if K else trainer.opt.plan)(batch.rollout)]
         trainer.optimizer_step(batch)
     mc = trainer.model.config
     kv_heads = getattr(mc, "num_key_value_heads", mc.num_attention_heads)
@@ -129,6 +134,22 @@ def child(spec: dict) -> dict:
     }
 
 
+def _optimizer_state(trainer) -> None:
+    """The optimizer's state, allocated as after a first step (zero gradients, lr 0)."""
+    import torch
+
+    opt = trainer.opt.optimizer
+    for p in trainer.opt.params:
+        p.grad = torch.zeros_like(p)
+    lrs = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = 0.0
+    opt.step()
+    for g, lr in zip(opt.param_groups, lrs):
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:
@@ -145,6 +166,14 @@ def main() -> int:
     ap.add_argument(
         "--max_micro_batch_tokens", type=int, default=None, help="default: the config's"
     )
+    ap.add_argument(
+        "--micro_batches",
+        type=int,
+        default=0,
+        help="run only the first K micro-batches of the reference and training passes, with "
+        "the optimizer state allocated first (the peak of a later step, in 1/k of the time; "
+        "0: the whole step)",
+    )
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._child:
@@ -160,17 +189,23 @@ def main() -> int:
             "generate": a.generate,
             "gradient_checkpointing": a.gradient_checkpointing,
             "max_micro_batch_tokens": a.max_micro_batch_tokens,
+            "micro_batches": a.micro_batches,
             "output_dir": str(work / f"L{L}"),
             "out": str(work / f"L{L}.json"),
         }
         spec_path = work / f"L{L}.spec.json"
         spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ)  # the heap as ./run and bench/speed.py set it
+        env.setdefault("MALLOC_MMAP_MAX_", "0")
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", "17179869184")
+        env.setdefault("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
         with open(work / f"L{L}.log", "w") as log:
             proc = subprocess.Popen(
                 [sys.executable, __file__, "--_child", str(spec_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
+                env=env,
             )
             _, status, usage = os.wait4(proc.pid, 0)
         rss = usage.ru_maxrss / 2**20
@@ -181,7 +216,9 @@ def main() -> int:
         print(
             f"\n== completion length {L}: peak RSS {rss:.2f} GB (before the step "
             f"{r['rss_before_step_gb']:.2f}); tracked tensors' peak {r['tracked_peak_gb']:.2f} "
-            f"GiB; micro-batches (rows) {r['micro_batches']}; decode KV cache would be "
+            f"GiB; micro-batches (rows) {r['micro_batches']}"
+            + (f" (first {a.micro_batches} run)" if a.micro_batches else "")
+            + f"; decode KV cache would be "
             f"{r['decode_kv_cache_gb']:.2f} GiB; largest tensor {r['largest_numel']:,} elements "
             f"(N x T x V = {r['NTV']:,}); {r['seconds']:.0f} s"
         )
