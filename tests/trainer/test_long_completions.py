@@ -110,3 +110,11 @@ def test_plan_bounds_the_tokens_of_each_micro_batch(share, bound):
         assert [r.tolist() for r in pieces] == [r.tolist() for r in unbounded]
     if bound == 1:
         assert all(len(r) == 1 for r in pieces)
+
+
+def test_negative_token_bound_is_a_config_error():
+    from grpokit.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match="max_micro_batch_tokens=-1: use a number of tokens"):
+        build_config({"max_micro_batch_tokens": -1})
+    assert build_config({"max_micro_batch_tokens": 0}).max_micro_batch_tokens == 0
