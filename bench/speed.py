@@ -5,6 +5,8 @@
     python bench/speed.py --forced_length       # every completion runs to max_completion_length
     python bench/speed.py --configs a --rounds 4 --skip_check
     python bench/speed.py --sweep 64,128,256,512 --forced_length --skip_check  # grpokit only
+    python bench/speed.py --sweep 1024,2048 --forced_length --skip_check --fp32 --rounds 0 \
+        --sides grpokit                         # one step per length: its peak RSS only
     python bench/speed.py --sides grpokit,trl,vllm-colocate,vllm-server   # + vLLM rollouts
     python bench/speed.py --layouts [--tiny]    # 1 vs 2 processes, colocated vs server
                                                 # (bench/layouts.py; its flags pass through)
