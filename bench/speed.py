@@ -5,6 +5,8 @@
     python bench/speed.py --forced_length       # every completion runs to max_completion_length
     python bench/speed.py --configs a --rounds 4 --skip_check
     python bench/speed.py --sweep 64,128,256,512 --forced_length --skip_check  # grpokit only
+    python bench/speed.py --sweep 1024,2048 --forced_length --skip_check --fp32 --rounds 0 \
+        --sides grpokit                         # one step per length: its peak RSS only
     python bench/speed.py --sides grpokit,trl,vllm-colocate,vllm-server   # + vLLM rollouts
     python bench/speed.py --layouts [--tiny]    # 1 vs 2 processes, colocated vs server
                                                 # (bench/layouts.py; its flags pass through)
@@ -189,7 +191,9 @@ def child_grpokit(spec: dict) -> dict:
         save_steps=0,
         logging_steps=1,
         output_dir=spec["output_dir"],
-    )
+        **({} if "max_micro_batch_tokens" not in spec else
+           {"max_micro_batch_tokens": spec["max_micro_batch_tokens"]}),
+    )  # fmt: skip
     t0 = time.time()
     trainer = GRPOTrainer(cfg)
     trainer._save_final = lambda: None  # not part of what is timed; skip the disk write
@@ -829,7 +833,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 measured round, 32 tokens")
     ap.add_argument("--forced_length", action="store_true", help="no EOS before max length")
     ap.add_argument("--max_completion_length", type=int, default=None)
-    ap.add_argument("--rounds", type=int, default=None, help="measured rounds after 1 warm-up")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="measured rounds after 1 warm-up (--sweep: 0 = one step, its peak memory only)",
+    )
+    ap.add_argument(
+        "--max_micro_batch_tokens",
+        type=int,
+        default=None,
+        help="grpokit's max_micro_batch_tokens (default: the config's; 0 = no bound)",
+    )
     ap.add_argument("--model", default=os.environ.get("GRPOKIT_BENCH_MODEL", DEFAULT_MODEL))
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--skip_check", action="store_true", help="skip the loss/gradient check")
@@ -870,13 +885,18 @@ def main() -> int:
             print(f"missing {py}; see the setup in this file's docstring", file=sys.stderr)
             return 2
     L = a.max_completion_length or (32 if a.quick else 128)
-    rounds = a.rounds or (1 if a.quick else 3)
+    rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
+    if rounds == 0 and not a.sweep:
+        print("--rounds 0 (one step, peak memory only) is for --sweep", file=sys.stderr)
+        return 2
     out = Path(a.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="speed-", dir=out))
     prompts = work / "prompts.jsonl"
     base = dict(COMMON, model=a.model, seed=a.seed, prompts_path=str(prompts))
     base.update(max_completion_length=L, forced_length=a.forced_length)
+    if a.max_micro_batch_tokens is not None:
+        base["max_micro_batch_tokens"] = a.max_micro_batch_tokens
     if a.fp32:
         base["bf16"] = False
     max_mu = max(CONFIGS[c]["num_iterations"] for c in a.configs.split(","))
@@ -890,7 +910,7 @@ def main() -> int:
         f"CPU cores, no GPU; {base['num_prompts']} prompts x G={base['num_generations']}, "
         f"max_completion_length {L} ({mode}), beta {base['beta']}, "
         f"{'bf16 autocast' if base['bf16'] else 'float32'}, "
-        f"1 warm-up round + {rounds} measured"
+        + (f"1 warm-up round + {rounds} measured" if rounds else "one step, peak memory only")
     )
     print(header, flush=True)
     report = {"header": header, "args": vars(a), "configs": {}}
@@ -990,7 +1010,7 @@ def sweep(a, base: dict, work: Path, out: Path, rounds: int) -> int:
         if r is None:
             print(f"L={L} FAILED:\n{tail}", flush=True)
             continue
-        sm = summarize(r, 1)
+        sm = summarize(r, 1, warmup_rounds=1 if rounds else 0)  # 0: the one step
         report[L] = dict(sm, rss_gb=rss)
         lines.append(
             f"| {L} | {sm['step']:.2f} | {sm['generation']:.2f} | {sm['reference']:.2f} | "

@@ -23,11 +23,13 @@ class Batch:
     ref_logp: torch.Tensor | None  # (N, C), only when beta > 0
 
 
-def split_rows(order, plen, clen, group, mb: int, share: bool):
+def split_rows(order, plen, clen, group, mb: int, share: bool, max_tokens: int | None = None):
     """(cost, micro-batches): ``order`` cut into consecutive pieces of at most ``mb`` rows,
     cut points chosen by dynamic programming to minimise the token positions the forward
     passes compute (with ``share``: each distinct group's prompt once, then one token more
-    than the longest completion per row) plus FORWARD_COST_TOKENS per piece."""
+    than the longest completion per row) plus FORWARD_COST_TOKENS per piece. ``max_tokens``:
+    no piece of two rows or more computes more token positions than that (a longer row
+    alone still runs)."""
     o = order.tolist()
     P, C, g = plen[order].tolist(), clen[order].tolist(), group[order].tolist()
     N = len(o)
@@ -41,6 +43,8 @@ def split_rows(order, plen, clen, group, mb: int, share: bool):
             seen.add(g[j])
             n = i - j
             tokens = len(seen) * (pk - 1) + n * (ck + 1) if share else n * (pk + ck)
+            if max_tokens and n > 1 and tokens > max_tokens:
+                break  # more rows only add positions
             c = best[j] + tokens + FORWARD_COST_TOKENS
             if best[i] is None or c < best[i]:
                 best[i], cut[i] = c, j
@@ -72,10 +76,25 @@ class MicroBatchPlan:
     (the shared-prompt forward) each distinct prompt in it runs once. For three orders (by
     total length, by completion length, whole groups by their longest completion) the split
     points are chosen by dynamic programming to minimise the token positions computed plus a
-    fixed cost per forward pass, and the cheapest order is used."""
+    fixed cost per forward pass, and the cheapest order is used.
 
-    def __init__(self, size: int, group_size: int, *, share: bool, fixed: bool = False):
+    ``max_tokens`` (``max_micro_batch_tokens``) bounds the token positions of one forward in
+    those splits: longer completions mean more, smaller micro-batches, so the activations a
+    backward holds stay bounded whatever the length. It changes no number (the loss sums do
+    not depend on the partition); ``keep_order`` and ``fixed`` plans ignore it (their row
+    counts are part of the loss, or must match across processes)."""
+
+    def __init__(
+        self,
+        size: int,
+        group_size: int,
+        *,
+        share: bool,
+        fixed: bool = False,
+        max_tokens: int | None = None,
+    ):
         self.size, self.group_size, self.share, self.fixed = size, group_size, share, fixed
+        self.max_tokens = max_tokens
 
     def __call__(self, ro: Rollout, keep_order: bool = False) -> list[torch.Tensor]:
         N, mb = ro.completion_ids.shape[0], self.size
@@ -93,6 +112,6 @@ class MicroBatchPlan:
             torch.argsort(clen, descending=True, stable=True),
             _by_group(clen, group),
         ]
-        best = min((split_rows(o, plen, clen, group, mb, self.share)
+        best = min((split_rows(o, plen, clen, group, mb, self.share, self.max_tokens)
                     for o in candidates), key=lambda r: r[0])  # fmt: skip
         return best[1]

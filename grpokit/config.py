@@ -162,6 +162,9 @@ class GRPOConfig:
     share_prompt_forward: bool = (
         True  # each distinct prompt runs once per micro-batch (see trainer)
     )
+    # token positions one training or reference forward may compute (several rows' prompts
+    # and completions): longer completions give more, smaller micro-batches (batch.py); 0: off
+    max_micro_batch_tokens: int = 4096
     attention_backward: bool = (
         True  # CPU training forward: SDPA forward, grpokit's batched backward (attention.py)
     )
@@ -632,6 +635,11 @@ def _check_batch(c: GRPOConfig) -> None:
         "per_device_train_batch_size and gradient_accumulation_steps must be >= 1",
     )
     _check(c.per_device_eval_batch_size >= 1, "per_device_eval_batch_size must be >= 1")
+    _check(
+        c.max_micro_batch_tokens >= 0,
+        f"max_micro_batch_tokens={c.max_micro_batch_tokens}: use a number of tokens >= 1, or 0 "
+        "for no bound",
+    )
     G = c.num_generations
     _check(G >= 1, f"num_generations={G} must be >= 1")
     _check(

@@ -14,11 +14,14 @@ compute the same numbers:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from grpokit.algo import entropy_from_logits, linear_logprobs, selective_log_softmax
 from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
+from grpokit.speed.attention import shared_mask_attention
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
@@ -142,10 +145,14 @@ class LogProbs:
         if torch.is_grad_enabled():  # token positions the training forward computes
             u = n if shared is None else shared[0].numel()
             self.train_positions += u * (pk - 1) + n * (ck + 1)
-        if shared is not None:
-            out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
-        else:
-            out = self._forward_rows(model, head, p_ids, p_mask, c_ids, c_mask)
+        # one float mask per forward, not one per layer; checkpointed layers recompute
+        # their forward in the backward, outside this block: they keep transformers' path
+        sharing = contextlib.nullcontext() if is_checkpointing(model) else shared_mask_attention()
+        with sharing:
+            if shared is not None:
+                out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
+            else:
+                out = self._forward_rows(model, head, p_ids, p_mask, c_ids, c_mask)
         if head is None:
             return self._from_logits(out, c_ids, c_mask, C, with_entropy)
         return self._from_hidden(out, head[1], c_ids, c_mask, C, with_entropy)

@@ -371,6 +371,7 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
         cfg.num_generations,
         share=cfg.share_prompt_forward,
         fixed=strategy.fixed_micro_batches,
+        max_tokens=cfg.max_micro_batch_tokens or None,
     )
     scheduler = build_scheduler(optimizer, cfg, total_steps)
     return Optimization(params, optimizer, scheduler, reference, logprobs, plan, gradients)

@@ -61,13 +61,22 @@ def precision(cfg: GRPOConfig, m: ModelShape) -> tuple[str, int, bool, int]:
     return dtype, wb, autocast, s
 
 
+def forward_rows(cfg: GRPOConfig, T: int) -> int:
+    """Rows one training forward holds at T tokens a row: the micro-batch, cut by
+    ``max_micro_batch_tokens`` (bnpo keeps whole micro-batches)."""
+    B, bound = cfg.per_device_train_batch_size, cfg.max_micro_batch_tokens
+    if not bound or cfg.loss_type == "bnpo":
+        return B
+    return max(1, min(B, bound // max(T, 1)))
+
+
 def training_activations(
     cfg: GRPOConfig, m: ModelShape, s: int, autocast: bool, T: int
 ) -> tuple[int, int]:
-    """Activations one micro-batch of B sequences of T tokens keeps for backward:
+    """Activations one forward of B sequences of T tokens keeps for backward:
     (without gradient checkpointing, with it). Without: L * per-token-layer bytes * B * T.
     With: each layer's input (fp32 under autocast) plus one layer's activations recomputed."""
-    B, L = cfg.per_device_train_batch_size, m.num_layers
+    B, L = forward_rows(cfg, T), m.num_layers
     per_tok = activation_bytes_per_token_layer(m, s, autocast)
     full = L * per_tok * B * T
     ckpt = L * B * T * m.hidden_size * (4 if autocast else s) + per_tok * B * T
@@ -162,7 +171,7 @@ def estimate_memory(
         "activations": ckpt_acts if cfg.gradient_checkpointing else full_acts,
         "activations_no_ckpt": full_acts,
         "activations_ckpt": ckpt_acts,
-        "logits": logits_bytes(cfg.per_device_train_batch_size, C, m.vocab_size, s),
+        "logits": logits_bytes(forward_rows(cfg, P + C), C, m.vocab_size, s),
         "kv_cache": kv,
         "generation_temporaries": gen_tmp,
         "generation_batch": gen_batch,

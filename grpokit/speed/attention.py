@@ -123,9 +123,7 @@ def sdpa_train_attention(
 ):  # fmt: skip
     """transformers attention-interface function: :func:`attention` for CPU bf16/fp16
     forwards that build a graph, transformers' ``sdpa_attention_forward`` for everything
-    else."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    else (through :func:`sdpa_shared_mask`)."""
     if torch.is_autocast_enabled("cpu"):
         dt = torch.get_autocast_dtype("cpu")
     else:
@@ -150,7 +148,7 @@ def sdpa_train_attention(
         or key.shape[-1] != value.shape[-1]
     )
     if unsupported:
-        return sdpa_attention_forward(
+        return sdpa_shared_mask(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
             is_causal=is_causal, **kwargs,
         )  # fmt: skip
@@ -169,6 +167,117 @@ def sdpa_train_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
+# The forward's boolean mask and its additive float form: (bool mask, dtype, float mask)
+_MASK: list = []
+
+
+def sdpa_shared_mask(module, query, key, value, attention_mask, **kwargs):
+    """transformers' ``sdpa_attention_forward`` with a boolean mask turned into SDPA's
+    additive float mask (0 / -inf, as SDPA converts it) once per forward instead of once per
+    layer. On CPU SDPA converts a boolean mask inside each call, and each layer's converted
+    copy, an (N, 1, Lq, Lk) float32 tensor, stays saved for the backward: 30 copies of 77 MB
+    for 16 rows of 1,075 tokens (SmolLM2-135M), growing with the square of the length. The
+    float mask passed instead is one tensor that every layer's backward shares. The same
+    values reach the same kernel, so the numbers are unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    m = attention_mask
+    if m is not None and m.dtype == torch.bool and m.device.type == "cpu" and m.dim() == 4:
+        if torch.is_autocast_enabled("cpu"):  # SDPA runs in the autocast dtype
+            dt = torch.get_autocast_dtype("cpu")
+        else:
+            dt = torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+        if not (_MASK and _MASK[0] is m and _MASK[1] == dt):
+            additive = torch.zeros(m.shape, dtype=dt, device=m.device)
+            _MASK[:] = [m, dt, additive.masked_fill_(~m, float("-inf"))]
+        attention_mask = _MASK[2]
+        repeated = _gqa_repeated(module, query, key, value, attention_mask, kwargs)
+        if repeated is not None:
+            out = GQAFlashAttention.apply(
+                query, key, value, *repeated, attention_mask, kwargs.get("scaling")
+            )
+            return out.transpose(1, 2).contiguous(), None
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _repeat_kv(x: torch.Tensor, r: int) -> torch.Tensor:
+    b, g, n, d = x.shape
+    return x[:, :, None].expand(b, g, r, n, d).reshape(b, g * r, n, d)
+
+
+class GQAFlashAttention(torch.autograd.Function):
+    """SDPA's CPU flash attention over key/value heads repeated per query head (as
+    transformers' ``repeat_kv`` does), saving the key/value heads unrepeated for the backward
+    and repeating them again there: the same kernels on the same values as transformers'
+    path, whose autograd keeps each layer's repeated copies, R times the key/value heads
+    (SmolLM2: 3x, 2.4 GB of a 16-row, 1,075-token micro-batch)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kk, vv, mask, scale):
+        # kk, vv: k and v repeated (no graph); freed after this forward
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, kk, vv, 0.0, False, attn_mask=mask, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.scale, ctx.r = scale, q.shape[1] // k.shape[1]
+        return out
+
+    @staticmethod
+    def backward(ctx, g_out):
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        r = ctx.r
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g_out, q, _repeat_kv(k, r), _repeat_kv(v, r), out, lse, 0.0, False,
+            attn_mask=mask, scale=ctx.scale,
+        )  # fmt: skip
+        b, g, n, d = k.shape  # the repeat's backward: a sum over each group's query heads
+        return dq, dk.view(b, g, r, n, d).sum(2), dv.view(b, g, r, n, d).sum(2), *[None] * 4
+
+
+def _gqa_repeated(module, query, key, value, mask, kwargs):
+    """(key, value) repeated per query head when :class:`GQAFlashAttention` computes what
+    transformers' sdpa path would (a float32 graph-building CPU forward with a float mask,
+    grouped-query heads, no dropout, soft-capping, position bias or paged cache, and SDPA
+    choosing its flash kernel for these inputs), else None."""
+    r = getattr(module, "num_key_value_groups", 1)
+    extras = ("softcap", "position_bias", "cache", "s_aux", "output_attentions")
+    if (
+        r < 2
+        or kwargs.get("dropout")
+        or any(kwargs.get(x) is not None and kwargs.get(x) is not False for x in extras)
+        or not torch.is_grad_enabled()
+        or torch.is_autocast_enabled("cpu")
+        or not query.dtype == key.dtype == value.dtype == mask.dtype == torch.float32
+        or query.shape[1] != r * key.shape[1]
+        or query.shape[2] < 2
+    ):
+        return None
+    with torch.no_grad():
+        kk, vv = _repeat_kv(key, r), _repeat_kv(value, r)
+    choice = torch._fused_sdp_choice(query, kk, vv, mask, 0.0, False, scale=kwargs.get("scaling"))
+    if choice != int(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        return None
+    return kk, vv
+
+
+@contextlib.contextmanager
+def _sdpa_as(fn):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping
+    had = "sdpa" in local
+    prev = local.get("sdpa")
+    local["sdpa"] = fn
+    try:
+        yield
+    finally:
+        _MASK.clear()  # the backward keeps what it needs; the cache holds nothing past here
+        if had:
+            local["sdpa"] = prev
+        else:
+            local.pop("sdpa", None)
+
+
 @contextlib.contextmanager
 def training_attention(enabled: bool = True):
     """Route transformers' ``sdpa`` attention through :func:`sdpa_train_attention` inside
@@ -176,16 +285,19 @@ def training_attention(enabled: bool = True):
     if not enabled:
         yield
         return
+    with _sdpa_as(sdpa_train_attention):
+        yield
+
+
+@contextlib.contextmanager
+def shared_mask_attention():
+    """transformers' ``sdpa`` attention through :func:`sdpa_shared_mask` inside the block
+    (inside :func:`training_attention`, whose fallback is that function already, nothing
+    changes)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    local = ALL_ATTENTION_FUNCTIONS._local_mapping
-    had = "sdpa" in local
-    prev = local.get("sdpa")
-    local["sdpa"] = sdpa_train_attention
-    try:
+    if ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa") is sdpa_train_attention:
         yield
-    finally:
-        if had:
-            local["sdpa"] = prev
-        else:
-            local.pop("sdpa", None)
+        return
+    with _sdpa_as(sdpa_shared_mask):
+        yield

@@ -1,6 +1,7 @@
 """grpokit's attention backward (SDPA forward, batched float32 backward) against SDPA's own
 autograd, alone and inside the trainer's training forward."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -158,3 +159,73 @@ def test_float32_and_long_forwards_keep_sdpa(tmp_path, tiny_model_dir, why, monk
     finally:
         A.AttentionFunction.apply = orig
     assert not seen
+
+
+def _model_grads(model, ids, mask, shared: bool):
+    model.zero_grad(set_to_none=True)
+    ctx = A.shared_mask_attention() if shared else contextlib.nullcontext()
+    with ctx:
+        out = model(input_ids=ids, attention_mask=mask).logits
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_shared_mask_and_unrepeated_kv_change_no_bit(tiny_model_dir):
+    """The float32 training forward with one float mask per forward and key/value heads saved
+    unrepeated: bit-identical logits and gradients to transformers' sdpa path, one (rows, 1,
+    L, L) mask alive instead of one per layer, and no (rows, heads, L, D) key/value copies."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.memory import LiveTensors
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    cfg = model.config
+    assert cfg.num_attention_heads > cfg.num_key_value_heads  # grouped-query heads
+    g = torch.Generator().manual_seed(0)
+    n, L = 3, 40
+    ids = torch.randint(3, cfg.vocab_size, (n, L), generator=g)
+    mask = torch.ones(n, L, dtype=torch.long)
+    mask[1, :7] = 0  # left padding
+    mask[2, :2] = 0
+    with LiveTensors() as plain:
+        want, want_g = _model_grads(model, ids, mask, shared=False)
+    with LiveTensors() as shared:
+        got, got_g = _model_grads(model, ids, mask, shared=True)
+    assert torch.equal(got, want)
+    assert want_g.keys() == got_g.keys()
+    for k in want_g:
+        assert torch.equal(got_g[k], want_g[k]), k
+
+    def count(live, shape):
+        return sum(s.shape == shape and s.dtype == torch.float32 for s in live.at_peak)
+
+    layers, H, G = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+    repeated = (n, G, H // G, L, cfg.hidden_size // H)  # repeat_kv's copies
+    assert count(plain, (n, 1, L, L)) == layers and count(shared, (n, 1, L, L)) == 1
+    assert count(plain, repeated) == 2 * layers and count(shared, repeated) == 0
+    assert shared.peak_bytes < plain.peak_bytes
+
+
+def test_checkpointed_model_keeps_transformers_attention(tiny_model_dir):
+    """Checkpointed layers recompute their forward in the backward, outside the log-prob
+    forward's attention routing: the forward must take the same path, or the recomputation
+    saves other tensors and the backward fails."""
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.forward import LogProbs
+    from grpokit.rollout.base import Rollout
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    g = torch.Generator().manual_seed(0)
+    p_mask = torch.ones(3, 9, dtype=torch.long)
+    p_mask[1, :4] = 0  # left padding: a boolean mask reaches the attention
+    p_ids = torch.randint(3, 100, (3, 9), generator=g) * p_mask
+    c_ids = torch.randint(3, 100, (3, 12), generator=g)
+    ro = Rollout(
+        p_ids, p_mask, c_ids, torch.ones_like(c_ids), torch.ones(3, dtype=torch.bool), [""] * 3
+    )
+    logp, _ = LogProbs(temperature=1.0, amp_dtype=None)(model, ro, slice(None))
+    logp.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
