@@ -57,11 +57,33 @@ def test_rows_are_right():
         ({"digits": [3, 2]}, "digits"),
         ({"num_operands": 1}, "num_operands"),
         ({"test_size": 60}, "only 100 distinct"),
+        ({"question_template": "Solve it."}, "has no {question}"),
+        ({"question_template": "{question} {answer}"}, "does not format"),
+        ({"question_template": "{question} {"}, "does not format"),
     ],
 )
 def test_bad_params(params, match):
     with pytest.raises(TaskDataError, match=match):
         get_task("arithmetic", **params)
+
+
+def test_question_template_shapes_the_user_message_only():
+    plain = get_task("arithmetic", seed=1, digits=2, train_size=20, test_size=5)
+    t = get_task(
+        "arithmetic",
+        seed=1,
+        digits=2,
+        train_size=20,
+        test_size=5,
+        question_template="{question} Put the number in <answer></answer>.",
+    )
+    for a, b in zip(plain.build("test"), t.build("test")):
+        user = [m["content"] for m in b["prompt"] if m["role"] == "user"]
+        assert user == [a["question"] + " Put the number in <answer></answer>."]
+        assert b["prompt"][0] == a["prompt"][0]  # the system prompt is untouched
+        assert {k: v for k, v in a.items() if k != "prompt"} == {
+            k: v for k, v in b.items() if k != "prompt"
+        }
 
 
 def test_dataset_name_is_refused():
