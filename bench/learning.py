@@ -1,9 +1,20 @@
-"""Learning benchmark: run the default recipe from scratch and report held-out accuracy
-before/after, wall time and peak memory. Not a test.
+"""Learning benchmark: run a recipe from scratch and report held-out accuracy and format
+rate before/after, wall time and peak memory. Not a test.
 
-    python bench/learning.py [--output_dir DIR] [--key value ...]   (overrides go to the recipe)
+    python bench/learning.py [--recipe R] [--seeds N] [--output_dir DIR] [--key value ...]
 
-To compare training seeds on the same held-out problems, fix the data's seed:
+``--recipe``: a recipe file, or a name in ``recipes/`` (``default``, the default). Other
+``--key value`` pairs go to the recipe as ``grpokit train`` overrides.
+
+One run (no ``--seeds``): as ``grpokit train R``; the result is printed and written to
+``DIR/bench_learning.json``.
+
+``--seeds N``: N runs with training seeds 0..N-1 on one held-out set (``--data_seed 42``
+unless given), each in ``DIR/seed-K``; prints each seed's row, then the mean and range
+(min..max) of each figure, and writes them all to ``DIR/bench_learning.json``. Seed-to-seed
+spread is what a code change has to beat before it counts.
+
+To compare single training seeds by hand, fix the data's seed the same way:
 ``python bench/learning.py --seed 1 --data_seed 42`` (without ``--data_seed`` the problems
 follow ``--seed``, as transformers' data_seed does).
 """
@@ -12,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -20,19 +30,38 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA_SEED = "42"  # the held-out set every seed of a --seeds bench is measured on
+FIGURES = (  # (key, column title, format)
+    ("accuracy_before", "acc before", "{:.1%}"),
+    ("accuracy_after", "acc after", "{:.1%}"),
+    ("gain_points", "gain", "{:+.1f}"),
+    ("format_before", "fmt before", "{:.1%}"),
+    ("format_after", "fmt after", "{:.1%}"),
+    ("wall_seconds", "wall s", "{:.0f}"),
+    ("peak_rss_gb", "peak GB", "{:.2f}"),
+)
 
 
-def main() -> int:
-    args = sys.argv[1:]
-    out = "outputs/bench-learning"
-    if "--output_dir" in args:
-        out = args[args.index("--output_dir") + 1]
-    else:
-        args += ["--output_dir", out]
-    shutil.rmtree(out, ignore_errors=True)
-    t0 = time.time()
-    cmd = [sys.executable, "-m", "grpokit", "train", str(ROOT / "recipes" / "default.yaml"), *args]
-    print("$", " ".join(cmd), flush=True)
+def take(args: list[str], key: str, default: str | None = None) -> str | None:
+    """Remove ``key value`` from ``args`` and return the value (``default`` if absent)."""
+    if key not in args:
+        return default
+    i = args.index(key)
+    if i + 1 >= len(args):
+        raise SystemExit(f"{key} needs a value")
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value
+
+
+def recipe_path(name: str) -> Path:
+    for p in (Path(name), ROOT / "recipes" / name, ROOT / "recipes" / f"{name}.yaml"):
+        if p.is_file():
+            return p
+    raise SystemExit(f"--recipe {name}: no such file, nor recipes/{name}.yaml")
+
+
+def run_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("MALLOC_MMAP_MAX_", "0")  # as ./run sets them
     env.setdefault("MALLOC_TRIM_THRESHOLD_", "17179869184")
@@ -40,27 +69,103 @@ def main() -> int:
         env["GLIBC_TUNABLES"] = ":".join(
             x for x in (env.get("GLIBC_TUNABLES"), "glibc.malloc.hugetlb=1") if x
         )
-    rc = subprocess.call(cmd, env=env)
+    return env
+
+
+def run_once(recipe: Path, args: list[str], out: str) -> dict | None:
+    """One training run into ``out``: its before/after figures, or None when it failed."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "grpokit", "train", str(recipe), *args, "--output_dir", out]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, env=run_env())
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not the running max
     wall = time.time() - t0
-    peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2
+    rc = os.waitstatus_to_exitcode(status)
     summary = Path(out) / "eval_summary.json"
     if rc != 0 or not summary.exists():
-        print(f"run failed (exit {rc}) after {wall:.0f}s")
-        return 1
+        print(f"run failed (exit {rc}) after {wall:.0f}s: {out}", flush=True)
+        return None
     s = json.loads(summary.read_text())
     b, a = s["before"], s["after"]
-    res = {
+    return {
         "held_out_problems": b["num_prompts"],
         "accuracy_before": b["accuracy"],
         "accuracy_after": a["accuracy"],
         "gain_points": 100 * (a["accuracy"] - b["accuracy"]),
         "format_before": b["format_rate"],
         "format_after": a["format_rate"],
+        "mean_length_before": b["mean_length"],
+        "mean_length_after": a["mean_length"],
         "wall_seconds": wall,
-        "peak_rss_gb": peak_gb,
+        "peak_rss_gb": usage.ru_maxrss / 1024**2,
     }
-    print(json.dumps(res, indent=1))
-    (Path(out) / "bench_learning.json").write_text(json.dumps(res, indent=1))
+
+
+def spread(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """Mean, min and max of every figure over the runs."""
+    return {
+        k: {
+            "mean": sum(r[k] for r in runs) / len(runs),
+            "min": min(r[k] for r in runs),
+            "max": max(r[k] for r in runs),
+        }
+        for k in runs[0]
+        if isinstance(runs[0][k], (int, float))
+    }
+
+
+def table(seeds: list[int], runs: list[dict], stats: dict) -> str:
+    """Each seed's row, then the mean and the range."""
+    head = ["seed", *(t for _, t, _ in FIGURES)]
+    rows = [[str(s), *(f.format(r[k]) for k, _, f in FIGURES)] for s, r in zip(seeds, runs)]
+    rows.append(["mean", *(f.format(stats[k]["mean"]) for k, _, f in FIGURES)])
+    rows.append(
+        ["range"]
+        + [f"{f.format(stats[k]['min'])}..{f.format(stats[k]['max'])}" for k, _, f in FIGURES]
+    )
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *rows])
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    recipe = recipe_path(take(args, "--recipe", "default"))
+    n = take(args, "--seeds")
+    out = take(args, "--output_dir", "outputs/bench-learning")
+    if n is None:  # one run, as before
+        res = run_once(recipe, args, out)
+        if res is None:
+            return 1
+        print(json.dumps(res, indent=1))
+        (Path(out) / "bench_learning.json").write_text(json.dumps(res, indent=1))
+        return 0
+    if not n.isdigit() or int(n) < 1:
+        raise SystemExit(f"--seeds {n}: give a number of seeds >= 1 (seeds 0..N-1 are run)")
+    if "--seed" in args:
+        raise SystemExit("--seeds runs seeds 0..N-1 itself; drop --seed")
+    data_seed = take(args, "--data_seed", DATA_SEED)
+    seeds, runs = list(range(int(n))), []
+    for s in seeds:
+        res = run_once(
+            recipe, [*args, "--seed", str(s), "--data_seed", data_seed], f"{out}/seed-{s}"
+        )
+        if res is None:
+            return 1
+        runs.append(res)
+    stats = spread(runs)
+    print(f"\n{recipe.name}, {len(seeds)} seeds, data_seed {data_seed}:\n")
+    print(table(seeds, runs, stats))
+    result = {
+        "recipe": str(recipe),
+        "overrides": args,
+        "data_seed": int(data_seed),
+        "seeds": seeds,
+        "runs": runs,
+        "spread": stats,
+    }
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "bench_learning.json").write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -15,6 +15,12 @@ anywhere in the text.
 - ``arithmetic_format``: 1.0 for exactly one ``<answer>N</answer>`` holding only a number
   and ending the completion (trailing whitespace allowed); 0.5 for an answer tag holding a
   number otherwise (text after it, several tags); 0.0 otherwise.
+- ``arithmetic_tagged_closeness``: ``arithmetic_format * arithmetic_closeness``: the format
+  credit scaled by how close the tagged answer is, so a tag is worth nothing unless it holds
+  the model's own (near-)answer. SmolLM2-135M copies a prompt's example tag
+  ("<answer>7</answer>") far more often than it tags its own result; plain
+  ``arithmetic_format`` rewards the copy. It is positive exactly when ``arithmetic_format``
+  is, so the held-out format rate (``is_formatted``) counts what it rewards.
 
 The two gold-based rewards give None (does not apply) when the gold is not a number.
 """
@@ -92,3 +98,16 @@ def arithmetic_format(prompts, completions, **kwargs) -> list[float]:
     """1.0 for exactly one <answer>N</answer> holding only a number and nothing after it;
     0.5 for an answer tag holding a number elsewhere; 0.0 otherwise."""
     return [format_score(completion_text(c)) for c in completions]
+
+
+def tagged_closeness_score(text: str, gold) -> float | None:
+    """``format_score * closeness_score``; None when the gold is not a number."""
+    close = closeness_score(text, gold)
+    return None if close is None else format_score(text) * close
+
+
+@register_reward("arithmetic_tagged_closeness")
+def arithmetic_tagged_closeness(prompts, completions, answer, **kwargs) -> list[float | None]:
+    """arithmetic_format times arithmetic_closeness: format credit only for a tag holding a
+    number near the gold (a copied example earns ~0); None when the gold is not a number."""
+    return [tagged_closeness_score(completion_text(c), g) for c, g in zip(completions, answer)]

@@ -7,7 +7,11 @@ Parameters (``task_params``):
 - ``num_operands``: default 2 (``*`` binds tighter than ``+``/``-``, as in Python);
 - ``train_size``: default 5000 (drawn with replacement from the problems not in test);
 - ``test_size``: distinct held-out problems (default: 500, or a fifth of all distinct
-  problems when there are fewer than 2500, e.g. 20 of the 100 one-digit additions).
+  problems when there are fewer than 2500, e.g. 20 of the 100 one-digit additions);
+- ``question_template``: the user message, with ``{question}`` where the question goes
+  (default "{question}"), e.g. "{question} Put the final number in <answer></answer>.":
+  SmolLM2-135M follows an instruction in the user message more often than in the system
+  prompt (recipes/default.yaml says what was measured).
 
 Rows: ``question`` ("What is 23 + 45?"), ``expression`` ("23 + 45"), ``answer`` ("68").
 
@@ -69,6 +73,7 @@ class ArithmeticTask(Task):
         "num_operands": 2,
         "train_size": 5000,
         "test_size": None,
+        "question_template": "{question}",
     }
 
     def configure(self) -> None:
@@ -83,6 +88,19 @@ class ArithmeticTask(Task):
         if not 1 <= lo <= hi <= 12:
             raise TaskDataError(f"task arithmetic: digits={d!r}; an int or [min, max] in 1..12")
         self.ops, self.digits = sorted(set(ops), key=OPS.index), (lo, hi)
+        self.template = str(self.p["question_template"])
+        try:
+            self.template.format(question="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise TaskDataError(
+                f"task arithmetic: question_template={self.template!r} does not format ({e}); "
+                "use {question} where the question goes and double any other braces"
+            ) from e
+        if "{question}" not in self.template:
+            raise TaskDataError(
+                f"task arithmetic: question_template={self.template!r} has no {{question}}; "
+                "put {question} where the question goes"
+            )
         self.num_operands = int(self.p["num_operands"])
         if self.num_operands < 2:
             raise TaskDataError("task arithmetic: num_operands must be >= 2")
@@ -133,7 +151,7 @@ class ArithmeticTask(Task):
         return self._cache[split]
 
     def make_user_message(self, row: dict[str, Any]) -> str:
-        return row["question"]
+        return self.template.format(question=row["question"])
 
     def is_correct(self, completion: str, row: dict[str, Any]) -> bool:
         return correct_score(completion, row["answer"]) == 1.0

@@ -7,6 +7,7 @@ from grpokit.rewards.arithmetic import (
     arithmetic_closeness,
     arithmetic_correct,
     arithmetic_format,
+    arithmetic_tagged_closeness,
     final_answer,
 )
 from grpokit.tasks import TaskDataError, get_task
@@ -57,11 +58,33 @@ def test_rows_are_right():
         ({"digits": [3, 2]}, "digits"),
         ({"num_operands": 1}, "num_operands"),
         ({"test_size": 60}, "only 100 distinct"),
+        ({"question_template": "Solve it."}, "has no {question}"),
+        ({"question_template": "{question} {answer}"}, "does not format"),
+        ({"question_template": "{question} {"}, "does not format"),
     ],
 )
 def test_bad_params(params, match):
     with pytest.raises(TaskDataError, match=match):
         get_task("arithmetic", **params)
+
+
+def test_question_template_shapes_the_user_message_only():
+    plain = get_task("arithmetic", seed=1, digits=2, train_size=20, test_size=5)
+    t = get_task(
+        "arithmetic",
+        seed=1,
+        digits=2,
+        train_size=20,
+        test_size=5,
+        question_template="{question} Put the number in <answer></answer>.",
+    )
+    for a, b in zip(plain.build("test"), t.build("test")):
+        user = [m["content"] for m in b["prompt"] if m["role"] == "user"]
+        assert user == [a["question"] + " Put the number in <answer></answer>."]
+        assert b["prompt"][0] == a["prompt"][0]  # the system prompt is untouched
+        assert {k: v for k, v in a.items() if k != "prompt"} == {
+            k: v for k, v in b.items() if k != "prompt"
+        }
 
 
 def test_dataset_name_is_refused():
@@ -118,6 +141,21 @@ def test_rewards_exact_values():
     assert close[10] == pytest.approx(1 / 21)
     assert _r(arithmetic_closeness, ["3"], gold="0") == [pytest.approx(1 / 31)]
     assert _r(arithmetic_closeness, ["-1"], gold="1") == [pytest.approx(1 / 21)]
+
+
+def test_tagged_closeness_is_format_credit_scaled_by_closeness():
+    got = _r(arithmetic_tagged_closeness, TEXTS)
+    assert got[0] == 1.0 and got[1] == 0.0 and got[4] == 0.5 and got[8] == 0.5
+    assert got[2] == pytest.approx(1 / (1 + 10 / 19))
+    assert got[10] == pytest.approx(1 / 21)
+    # right working, then the prompt's example tag copied: full format credit, but the tag
+    # holds 7, not 19, so the product is small
+    copied = _r(arithmetic_tagged_closeness, ["3 + 16 = 19 <answer>7</answer>"])[0]
+    assert copied == pytest.approx(1 / (1 + 10 * 12 / 19))
+    # positive exactly where the format reward (and so the held-out format rate) is
+    fmt = _r(arithmetic_format, TEXTS)
+    assert [g > 0 for g in got] == [f > 0 for f in fmt]
+    assert _r(arithmetic_tagged_closeness, ["<answer>3</answer>"], gold="n/a") == [None]
 
 
 def test_the_recipe_gets_the_graders_own_functions():
