@@ -229,3 +229,32 @@ def test_data_seed_fixes_the_held_out_set_across_training_seeds():
 
     assert held_out(seed=0, data_seed=42) == held_out(seed=1, data_seed=42) == held_out(seed=42)
     assert held_out(seed=0) != held_out(seed=1)
+
+
+def test_demonstrations_go_between_the_system_prompt_and_the_question():
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 * 3"}}}  # fmt: skip
+    demo = [
+        {"role": "user", "content": "What is 2 * 3?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "calculator", "content": "6"},
+        {"role": "assistant", "content": "<answer>6</answer>"},
+    ]
+    task = get_task("arithmetic", seed=0, digits=2, demonstrations=demo, system_prompt="S")
+    plain = get_task("arithmetic", seed=0, digits=2, system_prompt="S")
+    for row, ref in zip(task.build("test", limit=3), plain.build("test", limit=3)):
+        assert row["prompt"][0] == {"role": "system", "content": "S"}
+        assert row["prompt"][1:5] == demo
+        assert row["prompt"][5] == {"role": "user", "content": ref["question"]}
+        assert row["prompt"] == [ref["prompt"][0], *demo, ref["prompt"][1]]
+    row["prompt"][1]["content"] = "changed"  # a row's messages are its own
+    assert task.build("test", limit=1)[0]["prompt"][1]["content"] == "What is 2 * 3?"
+
+
+@pytest.mark.parametrize(
+    "demo",
+    ["What is 2 * 3?", [{"role": "bot", "content": "x"}], [{"role": "user"}],
+     [{"role": "tool", "tool_calls": [{}]}], ["hello"]],
+)  # fmt: skip
+def test_bad_demonstrations_are_refused_in_one_line(demo):
+    with pytest.raises(TaskDataError, match="demonstrations"):
+        get_task("arithmetic", seed=0, demonstrations=demo)
