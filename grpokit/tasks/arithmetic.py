@@ -13,10 +13,10 @@ Parameters (``task_params``):
   SmolLM2-135M follows an instruction in the user message more often than in the system
   prompt (recipes/default.yaml says what was measured).
 
-``demonstrations``: chat messages placed before the question (after the system prompt),
-default none: worked problems as earlier turns of the prompt, e.g. with ``tools`` a question,
-an assistant ``tool_calls`` message, the ``tool`` result and the answer (recipes/
-calculator_tools.yaml: SmolLM2-135M calls the calculator only when shown such turns).
+``demonstrations`` (every task takes it, see ``grpokit.tasks.base``): worked problems as
+earlier chat turns, e.g. with ``tools`` a question, an assistant ``tool_calls`` message, the
+``tool`` result and the answer (recipes/calculator_tools.yaml: SmolLM2-135M calls the
+calculator only when shown such turns).
 
 Rows: ``question`` ("What is 23 + 45?"), ``expression`` ("23 + 45"), ``answer`` ("68").
 
@@ -61,31 +61,6 @@ def evaluate_expression(nums: list[int], ops: list[str]) -> int:
     return total
 
 
-ROLES = ("user", "assistant", "tool")
-
-
-def check_demonstrations(value: Any) -> list[dict[str, Any]]:
-    """``task_params.demonstrations``: a list of chat messages, each a mapping with a ``role``
-    of ``ROLES`` and a string ``content`` (an assistant message may have ``tool_calls``
-    instead; a tool message may have a ``name``)."""
-    if not isinstance(value, list):
-        raise TaskDataError(
-            f"task arithmetic: demonstrations={value!r}; give a list of chat messages "
-            '({role: user|assistant|tool, content: "..."})'
-        )
-    for i, m in enumerate(value):
-        ok = isinstance(m, dict) and m.get("role") in ROLES
-        ok = ok and (isinstance(m.get("content"), str) or bool(m.get("tool_calls")))
-        ok = ok and (m.get("role") == "assistant" or isinstance(m.get("content"), str))
-        if not ok:
-            raise TaskDataError(
-                f"task arithmetic: demonstrations[{i}]={m!r} is not a chat message; give "
-                f"role (one of {list(ROLES)}) and string content (or tool_calls for an "
-                "assistant message)"
-            )
-    return value
-
-
 @dataclass
 class ArithmeticTask(Task):
     default_reward_funcs: tuple = (
@@ -98,7 +73,6 @@ class ArithmeticTask(Task):
     required_columns: tuple = ("question", "answer")
 
     param_defaults: ClassVar[dict[str, Any]] = {
-        "demonstrations": [],
         "ops": ["+"],
         "digits": 1,
         "num_operands": 2,
@@ -110,7 +84,6 @@ class ArithmeticTask(Task):
     def configure(self) -> None:
         if self.dataset_name not in (None, "generate"):
             raise TaskDataError("task arithmetic generates its problems; leave dataset_name unset")
-        self.demonstrations = check_demonstrations(self.p["demonstrations"])
         ops = self.p["ops"]
         ops = [ops] if isinstance(ops, str) else list(ops)
         if not ops or any(o not in OPS for o in ops):
@@ -181,10 +154,6 @@ class ArithmeticTask(Task):
                 train.append(r)
         self._cache.update(train=train, test=test)
         return self._cache[split]
-
-    def make_messages(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        messages = super().make_messages(row)
-        return messages[:-1] + [dict(m) for m in self.demonstrations] + messages[-1:]
 
     def make_user_message(self, row: dict[str, Any]) -> str:
         return self.template.format(question=row["question"])

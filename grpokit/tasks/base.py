@@ -40,6 +40,33 @@ SPLITS = ("train", "test")
 log = logging.getLogger("grpokit")
 
 
+DEMO_ROLES = ("user", "assistant", "tool")
+
+
+def check_demonstrations(value: Any, task: str) -> list[dict[str, Any]]:
+    """``task_params.demonstrations``: worked problems as earlier chat turns, placed after the
+    system prompt and before the question (few-shot prompting: the way a small model is shown
+    an output format it never writes from an instruction). A list of chat messages, each a
+    mapping with a ``role`` of ``DEMO_ROLES`` and a string ``content`` (an assistant message
+    may have ``tool_calls`` instead; a tool message may have a ``name``)."""
+    if not isinstance(value, list):
+        raise TaskDataError(
+            f"task {task}: demonstrations={value!r}; give a list of chat messages "
+            '({role: user|assistant|tool, content: "..."})'
+        )
+    for i, m in enumerate(value):
+        ok = isinstance(m, dict) and m.get("role") in DEMO_ROLES
+        ok = ok and (isinstance(m.get("content"), str) or bool(m.get("tool_calls")))
+        ok = ok and (m.get("role") == "assistant" or isinstance(m.get("content"), str))
+        if not ok:
+            raise TaskDataError(
+                f"task {task}: demonstrations[{i}]={m!r} is not a chat message; give "
+                f"role (one of {list(DEMO_ROLES)}) and string content (or tool_calls for an "
+                "assistant message)"
+            )
+    return value
+
+
 @dataclass
 class Task:
     """Base class. Subclasses implement ``make_user_message`` and ``is_correct``, and either
@@ -69,6 +96,8 @@ class Task:
     required_columns: tuple[str, ...] = ()
 
     param_defaults: ClassVar[dict[str, Any]] = {"test_size": None}
+    # task_params every task accepts besides its own ``param_defaults``.
+    common_params: ClassVar[dict[str, Any]] = {"demonstrations": []}
     default_dataset: ClassVar[str | None] = None  # used when dataset_name is None
     # The source column the task reads its prompt text from; None for tasks whose prompts
     # are built from other columns or generated (dataset_prompt_column does not apply).
@@ -89,17 +118,19 @@ class Task:
         self.sample_count: int | None = None
         if self.dataset_name is not None:
             self.dataset_name, self.sample_count = parse_dataset_name(str(self.dataset_name))
-        unknown = [k for k in self.params if k not in self.param_defaults]
+        known = {**self.common_params, **self.param_defaults}
+        unknown = [k for k in self.params if k not in known]
         if unknown:
             hints = []
             for k in unknown:
-                close = difflib.get_close_matches(k, list(self.param_defaults), n=1)
+                close = difflib.get_close_matches(k, list(known), n=1)
                 hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
             raise TaskDataError(
                 f"task {self.name!r}: unknown task_params {', '.join(hints)}; "
-                f"it takes {sorted(self.param_defaults)}"
+                f"it takes {sorted(known)}"
             )
-        self.p: dict[str, Any] = {**self.param_defaults, **self.params}
+        self.p: dict[str, Any] = {**known, **self.params}
+        self.demonstrations = check_demonstrations(self.p["demonstrations"], self.name)
         self.configure()
         if self.prompt_column is not None and self.prompt_source_column() is None:
             raise TaskDataError(
@@ -212,10 +243,12 @@ class Task:
         return self.make_messages(row)
 
     def make_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
+        """System prompt (if any), the ``demonstrations`` turns, then the question."""
         messages = []
         system = self.effective_system_prompt()
         if system:
             messages.append({"role": "system", "content": system})
+        messages += [dict(m) for m in self.demonstrations]
         messages.append({"role": "user", "content": self.make_user_message(row)})
         return messages
 

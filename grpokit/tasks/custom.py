@@ -78,7 +78,7 @@ class CustomTask(Task):
 
     def make_prompt(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
         p = row["prompt"]
-        if isinstance(p, str) and not self.effective_system_prompt():
+        if isinstance(p, str) and not (self.effective_system_prompt() or self.demonstrations):
             return p
         return self.make_messages(row)
 
@@ -89,7 +89,10 @@ class CustomTask(Task):
             system = self.effective_system_prompt()
             if system and not any(m.get("role") == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": system})
-            return messages
+            at = next(
+                (i for i, m in enumerate(messages) if m.get("role") != "system"), len(messages)
+            )
+            return messages[:at] + [dict(m) for m in self.demonstrations] + messages[at:]
         return super().make_messages(row)
 
     def make_user_message(self, row: dict[str, Any]) -> str:

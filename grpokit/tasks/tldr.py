@@ -60,7 +60,9 @@ class TLDRTask(Task):
         return {"prompt": prompt, "text": str(text), "target_length": self.target_length}
 
     def make_prompt(self, row: dict[str, Any]) -> str | list[dict[str, str]]:
-        if isinstance(row.get("prompt"), str) and not self.effective_system_prompt():
+        if isinstance(row.get("prompt"), str) and not (
+            self.effective_system_prompt() or self.demonstrations
+        ):
             return row["text"]
         return self.make_messages(row)
 

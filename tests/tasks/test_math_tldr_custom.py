@@ -166,3 +166,32 @@ def test_math_grader_works_off_the_main_thread(math_dir):
     th.start()
     th.join()
     assert out == [True]
+
+
+DEMO = [
+    {"role": "user", "content": "Using the numbers [1, 2], create an equation that equals 3."},
+    {"role": "assistant", "content": "<think>1 + 2 = 3</think><answer>1 + 2</answer>"},
+]
+
+
+def test_every_task_takes_demonstrations_between_system_prompt_and_question(tmp_path, write_jsonl):
+    """``demonstrations`` is a task_param of every task, not only arithmetic's."""
+    cd = get_task("countdown", seed=0, count=3, max_number=9, target_range=[1, 20],
+                  train_size=5, test_size=3, demonstrations=DEMO)  # fmt: skip
+    plain = get_task("countdown", seed=0, count=3, max_number=9, target_range=[1, 20],
+                     train_size=5, test_size=3)  # fmt: skip
+    for row, ref in zip(cd.build("test"), plain.build("test")):
+        assert row["prompt"] == [ref["prompt"][0], *DEMO, ref["prompt"][1]]
+    # a plain-text prompt becomes chat messages, as it does with a system prompt
+    f = write_jsonl(tmp_path / "p.jsonl", [{"messages": [{"role": "user", "content": "hi"}]},
+                                           {"messages": [{"role": "system", "content": "m"},
+                                                         {"role": "user", "content": "yo"}]},
+                                           {"messages": "text"}])  # fmt: skip
+    rows = get_task("generic", dataset_name=str(f), prompt_column="messages",
+                    demonstrations=DEMO).build("train")  # fmt: skip
+    assert rows[0]["prompt"] == [*DEMO, {"role": "user", "content": "hi"}]
+    assert rows[1]["prompt"] == [{"role": "system", "content": "m"}, *DEMO,
+                                 {"role": "user", "content": "yo"}]  # fmt: skip
+    assert rows[2]["prompt"] == [*DEMO, {"role": "user", "content": "text"}]
+    with pytest.raises(TaskDataError, match="task countdown: demonstrations"):
+        get_task("countdown", demonstrations="1 + 2 = 3")
