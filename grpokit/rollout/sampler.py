@@ -11,7 +11,9 @@ its time per decode step:
   32 x 49,152 on 2 cores); here a token is drawn by inverse transform sampling, one uniform
   per row against the row's cumulative probabilities (an exact draw from the same
   categorical distribution);
-- the prompt's logits are computed for its last position only.
+- the prompt's logits are computed for its last position only;
+- a common prefix of the batch's prompts (system prompt, worked problems, tool schema) is
+  computed once and its keys and values copied to every row (``speed/prefix.py``).
 
 Sampling follows ``generate``'s order: repetition penalty, temperature, top-k, top-p (the
 smallest set of most probable tokens whose mass reaches ``top_p``, at least one kept), min-p
