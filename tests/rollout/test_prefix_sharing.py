@@ -252,3 +252,17 @@ def test_agent_turns_share_the_tool_prompt(tiny, tiny_model_dir):
     assert seen.calls[0][0] == 1
     engine = HFRolloutEngine(model, tok, share_prefix=False)
     assert engine.generate_turn(ctx, params, max_new_tokens=10, stops=agent.stops) == on
+
+
+def test_under_autocast_the_growing_cache_shares_too(tiny):
+    """LoRA runs sample under bf16 autocast with transformers' growing cache: its rows are
+    indexed the same way; bf16 rounding, so the logits at the fused-decode test's bf16
+    tolerance."""
+    model, tok = tiny
+    ids, mask = _batch(tok)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = prefill(model, ids, mask, 8, min_shared_prefix=0)
+        shared = prefill(model, ids, mask, 8)
+    assert type(shared.cache).__name__ == "DynamicCache"
+    assert shared.shared == _common(_real(ids, mask)) and plain.shared == 0
+    torch.testing.assert_close(shared.logits, plain.logits, atol=0.1, rtol=0.05)
