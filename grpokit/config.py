@@ -159,6 +159,9 @@ class GRPOConfig:
     fused_decode: bool = (
         True  # grpokit loop, Llama/Mistral/Qwen2: fused decode step (fastdecode.py)
     )
+    # grpokit loop: a common prompt prefix of >= 16 tokens (system prompt, demonstrations,
+    # tool schema) is prefilled once for the whole batch (speed/prefix.py)
+    share_prompt_prefix: bool = True
     share_prompt_forward: bool = (
         True  # each distinct prompt runs once per micro-batch (see trainer)
     )

@@ -271,6 +271,7 @@ def build_engines(cfg: GRPOConfig, m: Models, strategy):
             autocast_dtype=m.amp_dtype,
             loop=cfg.generation_loop,
             fused_decode=cfg.fused_decode,
+            share_prefix=cfg.share_prompt_prefix,
             # bf16 runs sample from a bf16 copy of the weights (LoRA merged in; see there)
             sampling_dtype=m.amp_dtype if cfg.bf16_sampling_copy else None,
         )
@@ -281,6 +282,7 @@ def build_engines(cfg: GRPOConfig, m: Models, strategy):
         autocast_dtype=m.amp_dtype,
         loop=cfg.generation_loop,
         fused_decode=cfg.fused_decode,
+        share_prefix=cfg.share_prompt_prefix,
     )
     if strategy.sharded:  # sample and evaluate from an unsharded copy, refreshed each update
         engine.build_copy(m.amp_dtype or next(m.model.parameters()).dtype)

@@ -10,6 +10,7 @@ import torch
 from grpokit.rollout.base import Rollout, SamplingParams, completion_mask_from_eos
 from grpokit.rollout.sampler import sample
 from grpokit.rollout.stops import StopStrings, turn_segments
+from grpokit.speed.prefix import MIN_SHARED_PREFIX
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -43,6 +44,7 @@ class HFRolloutEngine:
         loop: str = "grpokit",
         sampling_dtype: torch.dtype | None = None,
         fused_decode: bool = True,
+        share_prefix: bool = True,
     ):
         if loop not in ("grpokit", "hf"):
             raise ValueError(f"generation_loop={loop!r}: use grpokit or hf")
@@ -55,6 +57,9 @@ class HFRolloutEngine:
         self.autocast_dtype = autocast_dtype
         self.loop = loop
         self.fused_decode = fused_decode
+        # prompts that start alike (system prompt, worked problems, tool schema): the common
+        # prefix is prefilled once for the batch (speed/prefix.py); 0 turns it off
+        self.min_shared_prefix = MIN_SHARED_PREFIX if share_prefix else 0
         self.sampling_dtype = sampling_dtype
         self._copy = None
         self._stale = True
@@ -136,6 +141,7 @@ class HFRolloutEngine:
                         repetition_penalty=params.repetition_penalty,
                         min_new_tokens=params.min_new_tokens,
                         fused_decode=self.fused_decode,
+                        min_shared_prefix=self.min_shared_prefix,
                     )
                 else:
                     out = model.generate(
@@ -182,6 +188,7 @@ class HFRolloutEngine:
                     top_k=params.top_k, min_p=params.min_p,
                     repetition_penalty=params.repetition_penalty, fused_decode=self.fused_decode,
                     stop=None if stops is None else stops.start(),
+                    min_shared_prefix=self.min_shared_prefix,
                 )  # fmt: skip
         finally:
             model.train(was_training)

@@ -11,7 +11,9 @@ its time per decode step:
   32 x 49,152 on 2 cores); here a token is drawn by inverse transform sampling, one uniform
   per row against the row's cumulative probabilities (an exact draw from the same
   categorical distribution);
-- the prompt's logits are computed for its last position only.
+- the prompt's logits are computed for its last position only;
+- a common prefix of the batch's prompts (system prompt, worked problems, tool schema) is
+  computed once and its keys and values copied to every row (``speed/prefix.py``).
 
 Sampling follows ``generate``'s order: repetition penalty, temperature, top-k, top-p (the
 smallest set of most probable tokens whose mass reaches ``top_p``, at least one kept), min-p
@@ -27,6 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.speed.fastdecode import FastDecoder
+from grpokit.speed.prefix import (
+    MIN_SHARED_PREFIX,
+    PrefixSplit,
+    shared_prefix_length,
+    split_prefix,
+    window_allows,
+)
 
 
 def filter_top_k_top_p(scores: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
@@ -162,6 +171,7 @@ def sample(
     generator: torch.Generator | None = None,
     fused_decode: bool = True,
     stop=None,
+    min_shared_prefix: int = MIN_SHARED_PREFIX,
 ) -> torch.Tensor:
     """(B, P) left-padded prompts -> (B * num_samples, C) completion ids, C <= max_new_tokens,
     the ``num_samples`` completions of a prompt contiguous, rows that ended padded with
@@ -178,35 +188,28 @@ def sample(
 
     ``stop``: ends rows besides EOS (``rollout.stops.StopStrings``): called after each step
     with the tokens so far, the running rows' output indices, the step and which rows to check.
+
+    ``min_shared_prefix``: when every prompt starts with at least this many common tokens
+    (and there are two prompts or more), that prefix runs through the model once and only
+    each prompt's suffix is prefilled after it (``speed/prefix.py``; 0: never).
     """
-    B, P = input_ids.shape
+    B = input_ids.shape[0]
     G = max(1, int(num_samples))
     device = input_ids.device
-    total = P + max_new_tokens
-    cache = _new_cache(model, device, total)
-    logits, mask, next_pos = _prefill(model, input_ids, attention_mask, cache, total)
+    pre = prefill(model, input_ids, attention_mask, max_new_tokens, min_shared_prefix)
+    cache, logits, mask, next_pos = pre.cache, pre.logits, pre.mask, pre.next_pos
     seen = input_ids if repetition_penalty != 1.0 else None
     if G > 1:
         rep = torch.arange(B, device=device).repeat_interleave(G)
         if not _select_rows(cache, rep):  # a cache we cannot index: repeat the prompts instead
             return sample(
-                model,
-                input_ids.repeat_interleave(G, 0),
-                attention_mask.repeat_interleave(G, 0),
-                max_new_tokens=max_new_tokens,
-                eos_ids=eos_ids,
-                pad_id=pad_id,
-                greedy=greedy,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                min_p=min_p,
-                repetition_penalty=repetition_penalty,
-                min_new_tokens=min_new_tokens,
-                generator=generator,
-                fused_decode=fused_decode,
-                stop=stop,
-            )
+                model, input_ids.repeat_interleave(G, 0), attention_mask.repeat_interleave(G, 0),
+                max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, greedy=greedy,
+                temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                repetition_penalty=repetition_penalty, min_new_tokens=min_new_tokens,
+                generator=generator, fused_decode=fused_decode, stop=stop,
+                min_shared_prefix=min_shared_prefix,
+            )  # fmt: skip
         logits, mask, next_pos = logits[rep], mask[rep], next_pos[rep]
         seen = None if seen is None else seen[rep]
     choice = _Choice(
@@ -216,9 +219,10 @@ def sample(
         min_new_tokens=min_new_tokens if eos_ids else 0,  # no EOS to hold back otherwise
         stop=stop,
     )  # fmt: skip
+    total = pre.width + max_new_tokens
     fast = _fast_decoder(model, cache, total) if fused_decode else None
     run = _Running.start(mask, next_pos, seen)
-    return _decode(model, cache, fast, logits, run, choice, P, max_new_tokens)
+    return _decode(model, cache, fast, logits, run, choice, pre.width, max_new_tokens)
 
 
 def _new_cache(model, device: torch.device, total: int):
@@ -230,6 +234,81 @@ def _new_cache(model, device: torch.device, total: int):
     if torch.is_autocast_enabled(device.type):
         return DynamicCache(config=model.config)
     return StaticCache(config=model.config, max_cache_len=total)
+
+
+@dataclass
+class Prefilled:
+    """The prompts run into a key/value cache: each prompt's next-token ``logits`` (B, V),
+    its attention ``mask`` over every cache slot (B, width + max_new_tokens), its next
+    position (B, 1), the slots the prompts take (``width``: the first completion token's
+    slot) and how many leading tokens were computed once for every row (``shared``)."""
+
+    cache: object
+    logits: torch.Tensor
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    width: int
+    shared: int = 0
+
+
+@torch.no_grad()
+def prefill(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    min_shared_prefix: int = MIN_SHARED_PREFIX,
+) -> Prefilled:
+    """Run the left-padded prompts (B, P) into a new cache with room for ``max_new_tokens``
+    more. A common prefix of at least ``min_shared_prefix`` tokens (0: never) is computed
+    once and its keys and values copied to every row (``speed/prefix.py``), unless a sliding
+    window or a cache whose rows cannot be indexed rules it out."""
+    B, P = input_ids.shape
+    if min_shared_prefix > 0:
+        L = shared_prefix_length(input_ids, attention_mask)
+        if L >= min_shared_prefix:
+            split = split_prefix(input_ids, attention_mask, L)
+            if window_allows(model.config, split.width + max_new_tokens):
+                done = _prefill_shared(model, split, split.width + max_new_tokens)
+                if done is not None:
+                    return done
+    total = P + max_new_tokens
+    cache = _new_cache(model, input_ids.device, total)
+    logits, mask, next_pos = _prefill(model, input_ids, attention_mask, cache, total)
+    return Prefilled(cache, logits, mask, next_pos, P)
+
+
+def _prefill_shared(model, split: PrefixSplit, total: int) -> Prefilled | None:
+    """The prefix once (batch of one), its keys and values copied to every row, then the
+    suffixes (B, S) after it; None when the cache's rows cannot be indexed."""
+    B, S = split.suffix_ids.shape
+    L, device = split.length, split.suffix_ids.device
+    cache = _new_cache(model, device, total)
+    mask = torch.zeros(B, total, dtype=split.suffix_mask.dtype, device=device)
+    mask[:, :L] = 1
+    mask[:, L : L + S] = split.suffix_mask
+    model(
+        input_ids=split.prefix_ids,
+        attention_mask=mask[:1, :L],
+        position_ids=torch.arange(L, device=device)[None],
+        past_key_values=cache,
+        cache_position=torch.arange(L, device=device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    if not _select_rows(cache, torch.zeros(B, dtype=torch.long, device=device)):
+        return None
+    out = model(
+        input_ids=split.suffix_ids,
+        attention_mask=mask[:, : L + S],
+        position_ids=split.suffix_pos,
+        past_key_values=cache,
+        cache_position=torch.arange(L, L + S, device=device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    next_pos = split.lengths[:, None].to(device)
+    return Prefilled(cache, out.logits[:, -1, :].float(), mask, next_pos, L + S, L)
 
 
 def _prefill(

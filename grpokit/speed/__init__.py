@@ -2,6 +2,7 @@
 
 - ``attention``: the training forward's attention backward (``attention_backward``)
 - ``fastdecode``: the fused Llama/Mistral/Qwen2 decode step (``fused_decode``)
+- ``prefix``: a batch's common prompt prefix prefilled once (``share_prompt_prefix``)
 - ``heap``: bounded heap release after a step (glibc ``malloc_trim``)
 - ``weights``: sparse tied-embedding gradient, frozen linears stored in bf16
 
