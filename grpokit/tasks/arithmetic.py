@@ -141,16 +141,18 @@ class ArithmeticTask(Task):
         if split in self._cache:
             return self._cache[split]
         # Test: distinct problems from their own seeded stream; train: never one of them.
+        # A problem asked in the demonstrations is in neither split: its answer is in the prompt.
+        shown = self.demonstrated_questions()
         test_rng, test, held = random.Random(f"arith-test-{self.seed}"), [], set()
         while len(test) < self.sizes["test"]:
             r = self._draw(test_rng)
-            if r["expression"] not in held:
+            if r["expression"] not in held and self.make_user_message(r) not in shown:
                 held.add(r["expression"])
                 test.append(r)
         rng, train = random.Random(f"arith-train-{self.seed}"), []
         while len(train) < self.sizes["train"]:
             r = self._draw(rng)
-            if r["expression"] not in held:
+            if r["expression"] not in held and self.make_user_message(r) not in shown:
                 train.append(r)
         self._cache.update(train=train, test=test)
         return self._cache[split]

@@ -242,6 +242,11 @@ class Task:
         a plain string used as it is (TRL's "standard" format). Messages by default."""
         return self.make_messages(row)
 
+    def demonstrated_questions(self) -> set[str]:
+        """The user messages of the ``demonstrations``: a generated task never draws a problem
+        whose question is one of them (its worked answer is in every prompt)."""
+        return {m["content"] for m in self.demonstrations if m["role"] == "user"}
+
     def make_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
         """System prompt (if any), the ``demonstrations`` turns, then the question."""
         messages = []

@@ -178,8 +178,12 @@ class CountdownTask(Task):
         if split in self._cache:
             return self._cache[split]
         key = lambda r: (tuple(sorted(r["nums"])), r["target"])  # noqa: E731
-        test_rng = random.Random(f"countdown-test-{self.seed}")
-        test = [generate_problem(test_rng, **self.shape) for _ in range(self.sizes["test"])]
+        shown = self.demonstrated_questions()  # their answers are in the prompt: never drawn
+        test_rng, test = random.Random(f"countdown-test-{self.seed}"), []
+        while len(test) < self.sizes["test"]:
+            r = generate_problem(test_rng, **self.shape)
+            if self.make_user_message(r) not in shown:
+                test.append(r)
         self._cache["test"] = test
         if split == "test":
             return test
@@ -187,7 +191,7 @@ class CountdownTask(Task):
         rng, train = random.Random(f"countdown-train-{self.seed}"), []
         while len(train) < self.sizes["train"]:
             r = generate_problem(rng, **self.shape)
-            if key(r) not in held:
+            if key(r) not in held and self.make_user_message(r) not in shown:
                 train.append(r)
         self._cache["train"] = train
         return train

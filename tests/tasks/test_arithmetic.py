@@ -258,3 +258,18 @@ def test_demonstrations_go_between_the_system_prompt_and_the_question():
 def test_bad_demonstrations_are_refused_in_one_line(demo):
     with pytest.raises(TaskDataError, match="demonstrations"):
         get_task("arithmetic", seed=0, demonstrations=demo)
+
+
+def test_a_demonstrated_problem_is_never_drawn():
+    """Its worked answer is in every prompt, so it is in neither the held-out nor the train split."""
+    plain = get_task("arithmetic", seed=3, digits=1, train_size=300, test_size=20)
+    test_q = plain.build("test")[0]["question"]
+    train_q = next(r["question"] for r in plain.build("train") if r["question"] != test_q)
+    demo = []
+    for q in (test_q, train_q):
+        demo += [{"role": "user", "content": q}, {"role": "assistant", "content": "<answer>0</answer>"}]  # fmt: skip
+    task = get_task("arithmetic", seed=3, digits=1, train_size=300, test_size=20, demonstrations=demo)  # fmt: skip
+    test, train = [r["question"] for r in task.build("test")], [r["question"] for r in task.build("train")]  # fmt: skip
+    assert len(test) == 20 and len(train) == 300
+    assert test_q not in test and test_q not in train and train_q not in train
+    assert [q for q in (r["question"] for r in plain.build("test")) if q != test_q] == test[:19]

@@ -330,3 +330,20 @@ def test_problem_shape_is_for_generated_problems_only(tmp_path, write_jsonl):
     write_jsonl(tmp_path / "train.jsonl", [{"nums": [3, 5, 7], "target": 22}])
     with pytest.raises(TaskDataError, match="max_number applies to generated problems only"):
         get_task("countdown", dataset_name=str(tmp_path), max_number=9)
+
+
+def test_a_demonstrated_countdown_problem_is_never_drawn():
+    from grpokit.tasks import get_task
+
+    shape = dict(seed=1, count=2, max_number=3, target_range=[1, 9], train_size=60, test_size=10)
+    plain = get_task("countdown", **shape)
+    ask = lambda t, split: [r["prompt"][-1]["content"] for r in t.build(split)]  # noqa: E731
+    shown = [ask(plain, "test")[0], ask(plain, "train")[0]]  # one of each split
+    demo = []
+    for q in shown:
+        demo += [{"role": "user", "content": q}, {"role": "assistant", "content": "x"}]
+    task = get_task("countdown", **shape, demonstrations=demo)
+    for split in ("test", "train"):
+        questions = ask(task, split)
+        assert len(questions) == shape[f"{split}_size"]
+        assert not set(shown) & set(questions), split
