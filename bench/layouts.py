@@ -266,6 +266,7 @@ def recipe_values(a, model: str, nproc: int, mode: str, out: Path) -> dict:
         max_completion_length=a.max_completion_length,
         max_steps=a.steps,
         bf16=False,  # no native bf16 on an AVX2 CPU; float32 everywhere
+        dynamic_sampling=False,  # one generation round a step in every row: like for like
         save_steps=0,
         max_eval_samples=0,
         log_completions=False,

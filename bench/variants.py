@@ -1,6 +1,6 @@
 """Variants benchmark: the default recipe with each loss type and with dynamic sampling,
 several seeds each; held-out accuracy before/after and wall time, as a markdown table.
-Not a test (a full run is hours of CPU: 10 variants x 3 seeds x the default recipe).
+Not a test (a full run is hours of CPU: 11 variants x 3 seeds x the default recipe).
 
     python bench/variants.py [--seeds 0 1 2] [--variants dapo cispo ...] [--out DIR]
                              [-- --key value ...]   (extra overrides for every run)
@@ -26,7 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> overrides of the default recipe (dapo with clip-higher 0.28 is the recipe itself)
+# name -> overrides of the default recipe (dapo with clip-higher 0.28, dynamic sampling and
+# the adaptive entropy bonus is the recipe itself); the last two rows take one of those away
 VARIANTS: dict[str, dict] = {
     "dapo (default)": {},
     "grpo": {"loss_type": "grpo"},
@@ -37,7 +38,8 @@ VARIANTS: dict[str, dict] = {
     "sapo": {"loss_type": "sapo"},
     "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence"},
     "vespo": {"loss_type": "vespo"},
-    "dapo + dynamic sampling": {"dynamic_sampling": True, "max_num_gen_batches": 4},
+    "dapo, no dynamic sampling": {"dynamic_sampling": False},
+    "dapo, no entropy bonus": {"use_adaptive_entropy": False},
 }
 TINY = {
     "task": "arithmetic",
