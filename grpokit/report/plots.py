@@ -116,6 +116,21 @@ def _plot_accuracy(d: RunData):
     return fig
 
 
+def _plot_tools(d: RunData):
+    """Tool calling (TRL's names): how often completions call and how often a call fails,
+    and the failures by kind (malformed, unknown, raised, timeout) per step."""
+    kinds = sorted({k for r in d.train for k in r if k.startswith("tools/failures/")})
+    fig, (a1, a2) = _figure(2)
+    ok1 = _lines(a1, d.train, ["tools/call_frequency", "tools/failure_frequency"],
+                 ["completions that called", "calls that failed"])  # fmt: skip
+    ok2 = _lines(a2, d.train, kinds, [k.rsplit("/", 1)[1] for k in kinds])
+    if not (ok1 or ok2):
+        return None
+    a1.set_ylabel("fraction")
+    a2.set_ylabel("failed calls")
+    return fig
+
+
 def _plot_time(d: RunData):
     rows = [r for r in d.train if any(finite(r.get(f"time/{p}")) for p in TIME_PARTS)]
     if not rows:
@@ -162,7 +177,15 @@ PANELS: list[tuple[str, str, Callable]] = [
     ("learning_rate", "Learning rate", _simple(["learning_rate"], "lr")),
     ("grad_norm", "Gradient norm (before clipping)", _simple(["grad_norm"], "norm", smooth=True)),
     ("time", "Step time split", _plot_time),
+    ("tools", "Tool calls", _plot_tools),
+    (
+        "dynamic_sampling",
+        "Dynamic sampling: generation rounds a step, dropped (equal-reward) groups",
+        _simple(["dynamic_sampling/num_gen_batches", "dynamic_sampling/dropped_frac"], "value"),
+    ),
 ]
+# Panels only some runs have (tools, dynamic_sampling): no "omitted" note when absent.
+OPTIONAL_PANELS = {"tools", "dynamic_sampling"}
 
 
 def make_plots(d: RunData, plots_dir: Path | None = None) -> tuple[list[Plot], list[str]]:
@@ -179,7 +202,7 @@ def make_plots(d: RunData, plots_dir: Path | None = None) -> tuple[list[Plot], l
             notes.append(f"plot '{title}' failed: {type(e).__name__}: {e}")
             continue
         if fig is None:
-            if d.train or slug == "accuracy":
+            if (d.train and slug not in OPTIONAL_PANELS) or slug == "accuracy":
                 notes.append(f"plot '{title}' omitted: no data")
             continue
         fig.tight_layout()

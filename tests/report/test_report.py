@@ -184,3 +184,26 @@ def test_cli_report(run_dir, tmp_path, capsys):
     assert main(["report", str(run_dir), "--output", str(other)]) == 0
     assert other.is_file() and (other.parent / "plots" / "reward.png").is_file()
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_tool_and_dynamic_sampling_panels_only_when_logged(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _write_jsonl(plain / "metrics.jsonl", [_metrics_row(s) for s in (1, 2, 3)])
+    text = write_report(plain).read_text()
+    assert 'id="tools"' not in text and 'id="dynamic_sampling"' not in text
+    assert "Tool calls" not in text and "Dynamic sampling" not in text  # no "omitted" note
+    rows = []
+    for s in (1, 2, 3):
+        r = _metrics_row(s)
+        r.update({"tools/call_frequency": 0.5 + 0.25 * (s - 1), "tools/failure_frequency": 0.1,
+                  "tools/failures/malformed": 3 - s, "tools/failures/raised": 0,
+                  "dynamic_sampling/num_gen_batches": s, "dynamic_sampling/dropped_frac": 0.25})  # fmt: skip
+        rows.append(r)
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    _write_jsonl(agent / "metrics.jsonl", rows)
+    text = write_report(agent).read_text()
+    assert 'id="tools"' in text and 'id="dynamic_sampling"' in text
+    for name in ("tools.png", "dynamic_sampling.png"):
+        assert (agent / "plots" / name).read_bytes()[:4] == b"\x89PNG"
