@@ -32,6 +32,7 @@ HEALTH_DEFAULTS: dict[str, float] = {
     "kl_floor": 0.05,  # kl_spike only above this (KL grows from 0 early in any run)
     "zero_loss_steps": 3,  # loss exactly 0 on each of this many consecutive steps
     "clear_steps": 2,  # an alert clears after this many good steps in a row
+    "solved_accuracy": 0.95,  # train accuracy at which no_signal / entropy_collapse say "solved"
 }
 HEALTH_MODES = ("warn", "stop", "off")
 
@@ -185,6 +186,13 @@ class HealthMonitor:
         acc, r = _num(m.get("accuracy")), _num(m.get("reward"))
         why = f"; train accuracy {acc:.0%}" if acc is not None else ""
         why += f", mean reward {_g(r)}" if r is not None else ""
+        if self._solved(m):
+            line = (
+                f"frac_reward_zero_std >= {_g(th)} for {need} steps (now {_g(f)}): the model "
+                f"already solves the training prompts{why}, so its groups agree and further "
+                "steps teach nothing; stop here (max_steps) or draw harder problems"
+            )
+            return True, line, need
         line = (
             f"frac_reward_zero_std >= {_g(th)} for {need} steps (now {_g(f)}): "
             f"most groups give all {self.s.get('num_generations', 'G')} completions the same "
@@ -222,13 +230,27 @@ class HealthMonitor:
         th = max(low, ref / drop)
         if e >= th:  # cleared only at twice the threshold: no flapping around it
             return (False if e >= 2 * th else None), f"entropy {_g(e)} (start {_g(ref)})", need
-        line = (
+        head = (
             f"mean token entropy {_g(e)} (start {_g(ref)}; alert below "
-            f"{_g(low)} or {_g(drop)}x under the start, {need} steps): the policy has become "
-            "near-deterministic and its groups stop differing; lower learning_rate, raise "
-            "temperature, or add an entropy bonus (entropy_coef)"
+            f"{_g(low)} or {_g(drop)}x under the start, {need} steps): "
+        )
+        acc = self._solved(m)
+        if acc is not None:  # converged, not collapsed: the advice is to stop, not to explore
+            return True, head + (
+                f"the policy is near-deterministic because it solves the training prompts "
+                f"(train accuracy {acc:.0%}); further steps teach little: stop here "
+                "(max_steps) or draw harder problems"
+            ), need  # fmt: skip
+        line = head + (
+            "the policy has become near-deterministic and its groups stop differing; lower "
+            "learning_rate, raise temperature, or add an entropy bonus (entropy_coef)"
         )
         return True, line, need
+
+    def _solved(self, m) -> float | None:
+        """The step's train accuracy when it is at least solved_accuracy, else None."""
+        acc = _num(m.get("accuracy"))
+        return acc if acc is not None and acc >= self.p["solved_accuracy"] else None
 
     def _spike(self, name: str, m):
         v, hist = _num(m.get(name)), self.hist[name]
@@ -263,7 +285,13 @@ class HealthMonitor:
         f, beta = _num(m.get("frac_reward_zero_std")), _num(self.s.get("beta")) or 0.0
         g = _num(m.get("grad_norm"))
         head = f"loss is exactly 0 for {need} steps"
-        if f == 1.0 and beta == 0.0:
+        if f == 1.0 and beta == 0.0 and self._solved(m) is not None:
+            line = (
+                f"{head}, as expected here: the model solves every training prompt, so every "
+                "group's rewards are equal, every advantage is 0, and beta is 0 (no KL term); "
+                "further steps teach nothing: stop here (max_steps) or draw harder problems"
+            )
+        elif f == 1.0 and beta == 0.0:
             line = (
                 f"{head}, as expected here: every group's rewards are equal, so every advantage "
                 "is 0, and beta is 0 (no KL term); the model learns nothing: see no_signal "

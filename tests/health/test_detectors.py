@@ -77,6 +77,27 @@ def test_entropy_absolute_floor_and_no_alert_above():
     assert ev == []
 
 
+def test_a_solved_task_is_called_solved_not_collapsed():
+    # the calculator run: every training prompt right from step 6, entropy ~0.005
+    rows = [{"entropy": e, "accuracy": a, "frac_reward_zero_std": f}
+            for e, a, f in [(0.9, 0.44, 0.0), (0.3, 0.88, 0.0), (0.2, 0.81, 0.0)]
+            + [(0.005, 1.0, 1.0)] * 5]  # fmt: skip
+    ev, h = feed(rows)
+    assert only(ev, "entropy_collapse") == [(6, True)] and only(ev, "no_signal") == [(8, True)]
+    for key in ("entropy_collapse", "no_signal"):
+        line = h.active[key]
+        assert "solves the training prompts" in line and "train accuracy 100%" in line
+        assert "stop here (max_steps) or draw harder problems" in line
+        assert "temperature" not in line and "raise num_generations" not in line
+    # below solved_accuracy the advice is the exploring one
+    rows = [{**r, "accuracy": 0.5} for r in rows]
+    _, h = feed(rows)
+    assert "raise temperature" in h.active["entropy_collapse"]
+    assert "raise num_generations" in h.active["no_signal"]
+    _, h = feed(rows, params={"solved_accuracy": 0.5})
+    assert "solves the training prompts" in h.active["entropy_collapse"]
+
+
 # ------------------------------------------------------------------ spikes
 def test_grad_norm_spike_against_running_median():
     ev, h = feed([{"grad_norm": g} for g in [1.0, 1.2, 0.8, 1.0, 1.1, 11.5, 1.0, 1.0]])
@@ -109,6 +130,8 @@ def test_kl_spike_only_with_beta_and_above_the_floor():
     "row,beta,text",
     [
         ({"frac_reward_zero_std": 1.0, "grad_norm": 0.0}, 0.0, "as expected here"),
+        ({"frac_reward_zero_std": 1.0, "grad_norm": 0.0, "accuracy": 1.0}, 0.0, "solves every"),
+        ({"frac_reward_zero_std": 1.0, "grad_norm": 0.0, "accuracy": 0.0}, 0.0, "see no_signal"),
         ({"frac_reward_zero_std": 0.5, "grad_norm": 0.7}, 0.0, "the update is real"),
         ({"frac_reward_zero_std": 0.5, "grad_norm": 0.0}, 0.0, "not expected"),
         ({"frac_reward_zero_std": 1.0, "grad_norm": 0.0}, 0.04, "not expected"),
