@@ -35,6 +35,9 @@ HEALTH_DEFAULTS: dict[str, float] = {
     "solved_accuracy": 0.95,  # train accuracy at which no_signal / entropy_collapse say "solved"
 }
 HEALTH_MODES = ("warn", "stop", "off")
+# A detector's verdict between its fire and clear thresholds: the step is not bad (a bad
+# streak must be consecutive steps) and not good (clearing needs good steps in a row).
+HOLD = "hold"
 
 
 def health_mode(value: str | bool) -> str:
@@ -156,6 +159,9 @@ class HealthMonitor:
         """Count the streaks; fire at ``need`` bad steps in a row, clear at clear_steps good."""
         if bad is None:
             return []
+        if bad == HOLD:  # between the thresholds: ends a bad streak, starts no good one
+            self.bad[key] = self.good[key] = 0
+            return []
         self.bad[key] = self.bad.get(key, 0) + 1 if bad else 0
         self.good[key] = 0 if bad else self.good.get(key, 0) + 1
         if bad and key not in self.active and self.bad[key] >= need:
@@ -175,7 +181,7 @@ class HealthMonitor:
         return e
 
     # ------------------------------------------------------------------ detectors
-    # Each returns (bad: True / False / None = no data, the line, steps needed to fire).
+    # Each returns (bad: True / False / HOLD / None = no data, the line, steps needed to fire).
     def _no_signal(self, m):
         f, need = _num(m.get("frac_reward_zero_std")), int(self.p["zero_std_steps"])
         if f is None:
@@ -229,7 +235,7 @@ class HealthMonitor:
         low, drop = self.p["entropy_min"], self.p["entropy_drop"]
         th = max(low, ref / drop)
         if e >= th:  # cleared only at twice the threshold: no flapping around it
-            return (False if e >= 2 * th else None), f"entropy {_g(e)} (start {_g(ref)})", need
+            return (False if e >= 2 * th else HOLD), f"entropy {_g(e)} (start {_g(ref)})", need
         head = (
             f"mean token entropy {_g(e)} (start {_g(ref)}; alert below "
             f"{_g(low)} or {_g(drop)}x under the start, {need} steps): "

@@ -253,3 +253,14 @@ def test_params_override_and_are_checked():
     assert set(HEALTH_DEFAULTS) >= {"frac_reward_zero_std", "clipped_ratio"}
     assert health_mode(False) == "off" and health_mode(True) == "warn"
     assert health_mode("stop") == "stop"
+
+
+def test_entropy_bad_steps_must_be_consecutive():
+    # the default recipe's seed 0 (candidate recipe, 2026-11-24): entropy hovering around the
+    # threshold (0.0573 = 0.573 / 10); the steps between it and twice it end a bad streak
+    start = [0.586, 0.849, 0.285]
+    ent = start + [0.04, 0.079, 0.083, 0.054, 0.082, 0.069, 0.041, 0.077, 0.05]
+    ev, _ = feed([{"entropy": e} for e in ent])
+    assert only(ev, "entropy_collapse") == []
+    ev, h = feed([{"entropy": e} for e in start + [0.04, 0.05, 0.041, 0.079, 0.2, 0.2]])
+    assert only(ev, "entropy_collapse") == [(6, True), (9, False)]  # 0.079: neither
