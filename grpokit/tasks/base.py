@@ -243,8 +243,9 @@ class Task:
         return self.make_messages(row)
 
     def demonstrated_questions(self) -> set[str]:
-        """The user messages of the ``demonstrations``: a generated task never draws a problem
-        whose question is one of them (its worked answer is in every prompt)."""
+        """The user messages of the ``demonstrations``: a task never uses a row whose question
+        is one of them (its worked answer is in every prompt): a generated task never draws
+        it, a dataset's row is left out of every split (counted in a warning)."""
         return {m["content"] for m in self.demonstrations if m["role"] == "user"}
 
     def make_messages(self, row: dict[str, Any]) -> list[dict[str, str]]:
@@ -313,15 +314,24 @@ class SourceRows(RowSequence):
     @classmethod
     def scan(cls, task: Task, table: Table, split: str) -> SourceRows:
         table = table.with_columns(task.columns_read())
+        shown, shown_rows = task.demonstrated_questions(), 0
         keep: list[int] = []
         i = 0
         for batch in table.batches():
             for r in batch:
                 row = task.task_row(r, i, split)
+                if row is not None and shown and task.make_user_message(row) in shown:
+                    row, shown_rows = None, shown_rows + 1
                 if row is not None:
                     task.check_columns(row, len(keep), split)
                     keep.append(i)
                 i += 1
+        if shown_rows:
+            log.warning(
+                "task %r: %d row(s) of split %r left out: their question is one of the "
+                "demonstrations, whose worked answer is in every prompt",
+                task.name, shown_rows, split,
+            )  # fmt: skip
         return cls(task, table, range(i) if len(keep) == i else keep, split)
 
     def with_prompts(self) -> SourceRows:

@@ -195,3 +195,25 @@ def test_every_task_takes_demonstrations_between_system_prompt_and_question(tmp_
     assert rows[2]["prompt"] == [*DEMO, {"role": "user", "content": "text"}]
     with pytest.raises(TaskDataError, match="task countdown: demonstrations"):
         get_task("countdown", demonstrations="1 + 2 = 3")
+
+
+def test_a_dataset_row_asked_in_the_demonstrations_is_left_out(tmp_path, write_jsonl, caplog):
+    """Like the generated tasks' draws: a row whose question is a demonstration's (its worked
+    answer is in every prompt) is in no split, and the warning counts it."""
+    rows = [{"question": f"What is {k} + {k}?", "answer": f"step #### {2 * k}"} for k in range(6)]
+    d = tmp_path / "gsm"
+    d.mkdir()
+    write_jsonl(d / "train.jsonl", rows[:4])
+    write_jsonl(d / "test.jsonl", rows[4:])
+    demo = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "2"},
+            {"role": "user", "content": "What is 5 + 5?"}, {"role": "assistant", "content": "10"}]  # fmt: skip
+    task = get_task("gsm8k", dataset_name=str(d), demonstrations=demo)
+    with caplog.at_level("WARNING", logger="grpokit"):
+        train, test = task.build("train"), task.build("test")
+    assert [r["question"] for r in train] == ["What is 0 + 0?", "What is 2 + 2?", "What is 3 + 3?"]
+    assert [r["question"] for r in test] == ["What is 4 + 4?"]
+    assert train[1]["prompt"][-1] == {"role": "user", "content": "What is 2 + 2?"}
+    assert "1 row(s) of split 'train' left out" in caplog.text
+    assert "1 row(s) of split 'test' left out" in caplog.text
+    plain = get_task("gsm8k", dataset_name=str(d))
+    assert len(plain.build("train")) == 4 and len(plain.build("test")) == 2
