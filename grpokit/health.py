@@ -38,6 +38,7 @@ HEALTH_MODES = ("warn", "stop", "off")
 # A detector's verdict between its fire and clear thresholds: the step is not bad (a bad
 # streak must be consecutive steps) and not good (clearing needs good steps in a row).
 HOLD = "hold"
+SOLVED_ADVICE = "stop here (max_steps) or draw harder problems"
 
 
 def health_mode(value: str | bool) -> str:
@@ -192,11 +193,11 @@ class HealthMonitor:
         acc, r = _num(m.get("accuracy")), _num(m.get("reward"))
         why = f"; train accuracy {acc:.0%}" if acc is not None else ""
         why += f", mean reward {_g(r)}" if r is not None else ""
-        if self._solved(m):
+        if self._solved(m) is not None:
             line = (
                 f"frac_reward_zero_std >= {_g(th)} for {need} steps (now {_g(f)}): the model "
                 f"already solves the training prompts{why}, so its groups agree and further "
-                "steps teach nothing; stop here (max_steps) or draw harder problems"
+                f"steps teach nothing; {SOLVED_ADVICE}"
             )
             return True, line, need
         line = (
@@ -244,8 +245,7 @@ class HealthMonitor:
         if acc is not None:  # converged, not collapsed: the advice is to stop, not to explore
             return True, head + (
                 f"the policy is near-deterministic because it solves the training prompts "
-                f"(train accuracy {acc:.0%}); further steps teach little: stop here "
-                "(max_steps) or draw harder problems"
+                f"(train accuracy {acc:.0%}); further steps teach little: {SOLVED_ADVICE}"
             ), need  # fmt: skip
         line = head + (
             "the policy has become near-deterministic and its groups stop differing; lower "
@@ -295,7 +295,7 @@ class HealthMonitor:
             line = (
                 f"{head}, as expected here: the model solves every training prompt, so every "
                 "group's rewards are equal, every advantage is 0, and beta is 0 (no KL term); "
-                "further steps teach nothing: stop here (max_steps) or draw harder problems"
+                f"further steps teach nothing: {SOLVED_ADVICE}"
             )
         elif f == 1.0 and beta == 0.0:
             line = (
