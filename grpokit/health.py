@@ -196,7 +196,7 @@ class HealthMonitor:
         if self._solved(m) is not None:
             line = (
                 f"frac_reward_zero_std >= {_g(th)} for {need} steps (now {_g(f)}): the model "
-                f"already solves the training prompts{why}, so its groups agree and further "
+                f"already solves the training prompts ({why[2:]}), so its groups agree and further "
                 f"steps teach nothing; {SOLVED_ADVICE}"
             )
             return True, line, need
