@@ -90,6 +90,22 @@ def equation_score(equation: str, nums, target) -> float:
         return 0.0
 
 
+def uses_numbers(equation: str, nums) -> bool:
+    """True when ``equation`` (text from the first '=' dropped) is an expression of + - * /
+    and parentheses that uses exactly ``nums`` and has a finite value, whatever the value.
+    Never raises."""
+    equation = equation.split("=", 1)[0]
+    try:
+        if len(equation) > MAX_EQUATION_CHARS or not _ALLOWED.match(equation):
+            return False
+        used = sorted(int(n) for n in re.findall(r"\d+", equation))
+        if used != sorted(int(n) for n in nums):
+            return False
+        return math.isfinite(float(arith_eval(equation)))
+    except (ValueError, TypeError, ArithmeticError, SyntaxError, RecursionError, MemoryError):
+        return False
+
+
 def countdown_score(text: str, nums, target) -> float:
     """The grader for one completion's text: 1.0 or 0.0 (module rule)."""
     equation = first_answer(text)
@@ -116,6 +132,16 @@ def countdown(prompts, completions, nums, target, **kwargs) -> list[float]:
 def countdown_correct(prompts, completions, nums, target, **kwargs) -> list[float]:
     """The same reward as ``countdown``, under the name the countdown task gave it."""
     return _scores(completions, nums, target)
+
+
+@register_reward("countdown_numbers")
+def countdown_numbers(prompts, completions, nums, **kwargs) -> list[float]:
+    """Partial credit (grpokit's, not ms-swift's): 1.0 when the first ``<answer>`` is an
+    equation of + - * / that uses exactly the given numbers, whatever its value. For models
+    too small to ever hit the target at first (``countdown`` then never fires), so that
+    GRPO has a signal that leads towards it; weight it below ``countdown``."""
+    texts = (first_answer(completion_text(c)) for c in completions)
+    return [float(e is not None and uses_numbers(e, n)) for e, n in zip(texts, nums)]
 
 
 @register_reward("swift_format")

@@ -347,3 +347,28 @@ def test_a_demonstrated_countdown_problem_is_never_drawn():
         questions = ask(task, split)
         assert len(questions) == shape[f"{split}_size"]
         assert not set(shown) & set(questions), split
+
+
+@pytest.mark.parametrize(
+    "completion, score",
+    [
+        ("<think>x</think><answer>2 + 5 + 3</answer>", 1.0),  # the right numbers, value 10
+        ("<think>x</think><answer>(3 - 5) * 2 = -4</answer>", 1.0),  # any value, '=' dropped
+        ("<think>x</think><answer>2 * 5 + 3</answer>", 1.0),  # the target itself
+        ("<think>x</think><answer>2 + 5</answer>", 0.0),  # a number missing
+        ("<think>x</think><answer>2 + 5 + 3 + 3</answer>", 0.0),  # a number twice
+        ("<think>x</think><answer>2 + 5 + 4</answer>", 0.0),  # a number not given
+        ("<think>x</think><answer>2 ** 5 + 3</answer>", 0.0),  # not an allowed operation
+        ("<think>x</think><answer>2 / (5 - 5) + 3</answer>", 0.0),  # no value
+        ("<think>2 + 5 + 3</think>", 0.0),  # no answer
+        ("<answer>(2 + 5) * 3</answer>", 1.0),  # format is another reward's business
+    ],
+)
+def test_countdown_numbers_credits_using_exactly_the_given_numbers(completion, score):
+    (fn,) = get_reward_funcs(["countdown_numbers"])
+    assert fn(["p"], [completion], nums=[[2, 5, 3]], target=[13]) == [score]
+    # it never gives less than the success reward: a right equation uses the numbers
+    (success,) = get_reward_funcs(["countdown"])
+    assert fn(["p"], [completion], nums=[[2, 5, 3]], target=[13]) >= success(
+        ["p"], [completion], nums=[[2, 5, 3]], target=[13]
+    )
