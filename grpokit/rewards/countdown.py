@@ -24,6 +24,7 @@ import ast
 import math
 import operator
 import re
+from collections import Counter
 
 from grpokit.rewards.registry import register_reward
 from grpokit.rewards.text import completion_text
@@ -90,20 +91,22 @@ def equation_score(equation: str, nums, target) -> float:
         return 0.0
 
 
-def uses_numbers(equation: str, nums) -> bool:
-    """True when ``equation`` (text from the first '=' dropped) is an expression of + - * /
-    and parentheses that uses exactly ``nums`` and has a finite value, whatever the value.
-    Never raises."""
+def numbers_overlap(equation: str, nums) -> float:
+    """How well ``equation`` (text from the first '=' dropped) keeps to the given numbers:
+    the size of the multiset intersection of the integers it writes and ``nums``, over the
+    larger of the two counts (1.0: exactly ``nums``, each once). 0.0 unless it is an
+    expression of + - * / and parentheses with a finite value. Never raises."""
     equation = equation.split("=", 1)[0]
     try:
         if len(equation) > MAX_EQUATION_CHARS or not _ALLOWED.match(equation):
-            return False
-        used = sorted(int(n) for n in re.findall(r"\d+", equation))
-        if used != sorted(int(n) for n in nums):
-            return False
-        return math.isfinite(float(arith_eval(equation)))
+            return 0.0
+        used = Counter(int(n) for n in re.findall(r"\d+", equation))
+        given = Counter(int(n) for n in nums)
+        if not used or not math.isfinite(float(arith_eval(equation))):
+            return 0.0
+        return sum((used & given).values()) / max(used.total(), given.total())
     except (ValueError, TypeError, ArithmeticError, SyntaxError, RecursionError, MemoryError):
-        return False
+        return 0.0
 
 
 def countdown_score(text: str, nums, target) -> float:
@@ -136,12 +139,13 @@ def countdown_correct(prompts, completions, nums, target, **kwargs) -> list[floa
 
 @register_reward("countdown_numbers")
 def countdown_numbers(prompts, completions, nums, **kwargs) -> list[float]:
-    """Partial credit (grpokit's, not ms-swift's): 1.0 when the first ``<answer>`` is an
-    equation of + - * / that uses exactly the given numbers, whatever its value. For models
-    too small to ever hit the target at first (``countdown`` then never fires), so that
-    GRPO has a signal that leads towards it; weight it below ``countdown``."""
+    """Partial credit (grpokit's, not ms-swift's): how well the first ``<answer>`` keeps to
+    the given numbers, whatever its value (``numbers_overlap``: 1.0 for an equation of
+    + - * / that uses exactly them). For models too small to ever hit the target at first
+    (``countdown`` then never fires), so that GRPO has a signal that leads towards it;
+    weight it below ``countdown``."""
     texts = (first_answer(completion_text(c)) for c in completions)
-    return [float(e is not None and uses_numbers(e, n)) for e, n in zip(texts, nums)]
+    return [0.0 if e is None else numbers_overlap(e, n) for e, n in zip(texts, nums)]
 
 
 @register_reward("swift_format")

@@ -355,20 +355,40 @@ def test_a_demonstrated_countdown_problem_is_never_drawn():
         ("<think>x</think><answer>2 + 5 + 3</answer>", 1.0),  # the right numbers, value 10
         ("<think>x</think><answer>(3 - 5) * 2 = -4</answer>", 1.0),  # any value, '=' dropped
         ("<think>x</think><answer>2 * 5 + 3</answer>", 1.0),  # the target itself
-        ("<think>x</think><answer>2 + 5</answer>", 0.0),  # a number missing
-        ("<think>x</think><answer>2 + 5 + 3 + 3</answer>", 0.0),  # a number twice
-        ("<think>x</think><answer>2 + 5 + 4</answer>", 0.0),  # a number not given
+        ("<think>x</think><answer>2 + 5</answer>", 2 / 3),  # a number missing
+        ("<think>x</think><answer>2 + 5 + 3 + 3</answer>", 3 / 4),  # a number twice
+        ("<think>x</think><answer>2 + 5 + 4</answer>", 2 / 3),  # a number not given
+        ("<think>x</think><answer>7 * 8 - 1 * 4</answer>", 0.0),  # none of them
         ("<think>x</think><answer>2 ** 5 + 3</answer>", 0.0),  # not an allowed operation
+        ("<think>x</think><answer>2m * 5 + 3</answer>", 0.0),  # not an allowed character
         ("<think>x</think><answer>2 / (5 - 5) + 3</answer>", 0.0),  # no value
         ("<think>2 + 5 + 3</think>", 0.0),  # no answer
         ("<answer>(2 + 5) * 3</answer>", 1.0),  # format is another reward's business
     ],
 )
-def test_countdown_numbers_credits_using_exactly_the_given_numbers(completion, score):
+def test_countdown_numbers_credits_keeping_to_the_given_numbers(completion, score):
     (fn,) = get_reward_funcs(["countdown_numbers"])
-    assert fn(["p"], [completion], nums=[[2, 5, 3]], target=[13]) == [score]
+    assert fn(["p"], [completion], nums=[[2, 5, 3]], target=[13]) == [pytest.approx(score)]
     # it never gives less than the success reward: a right equation uses the numbers
     (success,) = get_reward_funcs(["countdown"])
     assert fn(["p"], [completion], nums=[[2, 5, 3]], target=[13]) >= success(
         ["p"], [completion], nums=[[2, 5, 3]], target=[13]
     )
+
+
+def test_countdown_numbers_is_the_overlap_on_random_equations():
+    """Against a count by removal: each given number crosses out one use."""
+    (fn,) = get_reward_funcs(["countdown_numbers"])
+    rng = random.Random(5)
+    for _ in range(300):
+        nums = [rng.randint(1, 9) for _ in range(rng.choice([2, 3, 4]))]
+        used = [rng.randint(1, 9) for _ in range(rng.choice([1, 2, 3, 4, 5]))]
+        equation = " + ".join(map(str, used))
+        left, common = list(used), 0
+        for n in nums:
+            if n in left:
+                left.remove(n)
+                common += 1
+        want = common / max(len(used), len(nums))
+        got = fn(["p"], [f"<answer>{equation}</answer>"], nums=[nums], target=[1])
+        assert got == [pytest.approx(want)], (nums, equation)
