@@ -10,12 +10,16 @@ directory and renamed into place, so a crash leaves either the whole checkpoint 
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import random
 import re
 import shutil
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,56 @@ import numpy as np
 import torch
 
 STATE_FILE = "trainer_state.json"
+log = logging.getLogger("grpokit")
+
+
+class NoSpaceError(OSError):
+    """A checkpoint or the final model was not written: the disk (or the quota) is full.
+    The partial copy has been removed; the message says where, how much is free and what to
+    change."""
+
+
+def _is_no_space(e: BaseException) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    # safetensors reports a failed write as its own error class, with the OS's words in it
+    text = str(e)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+@contextmanager
+def written_or_removed(tmp: Path, what: str) -> Iterator[None]:
+    """Write ``what`` into ``tmp`` inside this block; if the disk fills up, remove ``tmp`` and
+    raise ``NoSpaceError`` naming the directory, the free space and the fix."""
+    try:
+        yield
+    except Exception as e:
+        if not _is_no_space(e):
+            raise
+        done = _size(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(tmp.parent).free
+        raise NoSpaceError(
+            errno.ENOSPC,
+            f"{what} not saved: no space left on device under {tmp.parent} "
+            f"({free / 1e6:.1f} MB free once its partial copy of {done / 1e6:.1f} MB was removed); "
+            "free space there, or set save_total_limit (e.g. 1) or a larger save_steps",
+        ) from None
+
+
+@contextmanager
+def skipped_when_full(counters: dict[str, int], key: str, then: str) -> Iterator[None]:
+    """Around a save: a full disk becomes one warning (ending with what happens ``then``)
+    and ``counters[key]`` + 1 instead of ending the run; nothing saved so far is touched."""
+    try:
+        yield
+    except NoSpaceError as e:
+        counters[key] = counters.get(key, 0) + 1
+        log.warning("%s; %s", e.strerror, then)
 
 
 def fault_point(name: str, step: int) -> None:
@@ -140,18 +194,19 @@ def save_checkpoint(
     tmp = out / f".checkpoint-{step}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state_dict)
-    tokenizer.save_pretrained(tmp)
-    fault_point("checkpoint", step)  # model written, the rest not yet
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    if ref_model is not None:
-        torch.save(ref_model.state_dict(), tmp / "ref_model.pt")
-    (tmp / "config.yaml").write_text(config_yaml)
-    (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))  # written last
+    with written_or_removed(tmp, f"checkpoint-{step}"):
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=model_state_dict)
+        tokenizer.save_pretrained(tmp)
+        fault_point("checkpoint", step)  # model written, the rest not yet
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        if ref_model is not None:
+            torch.save(ref_model.state_dict(), tmp / "ref_model.pt")
+        (tmp / "config.yaml").write_text(config_yaml)
+        (tmp / STATE_FILE).write_text(json.dumps(trainer_state, indent=1))  # written last
     if final.exists():  # a checkpoint of the same step from an earlier attempt
         old = out / f".checkpoint-{step}.old"
         final.rename(old)

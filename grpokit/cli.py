@@ -34,6 +34,23 @@ def _split_resume(rest: list[str]) -> tuple[list[str], str | bool | None]:
     return out, resume
 
 
+def _final_model_lost(output_dir: str) -> str:
+    """The closing line of a run whose final model did not fit on the disk."""
+    from grpokit.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(output_dir)
+    then = (
+        f"free space and run the same command with --resume: it continues from {ckpt}"
+        if ckpt
+        else "no checkpoint was saved either, so the trained weights are lost: free space "
+        "and train again"
+    )
+    return (
+        "error: the final model was not saved (no space left on device, see the warning "
+        f"above); metrics and evaluations are in {output_dir}; {then}"
+    )
+
+
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.config import load_config
 
@@ -78,6 +95,9 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         from grpokit.status import HEALTH_STOP_EXIT_CODE
 
         return HEALTH_STOP_EXIT_CODE
+    if not result.get("stopped") and result.get("final_model") is None:  # the disk was full
+        print(_final_model_lost(cfg.output_dir), file=sys.stderr)
+        return 1
     return 130 if result.get("stopped") else 0
 
 

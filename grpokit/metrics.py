@@ -43,6 +43,21 @@ def round_metrics(ro, total, all_rewards, reward_names, G: int) -> dict[str, Any
     return m
 
 
+def counter_metrics(counters: dict[str, int]) -> dict[str, int]:
+    """The run's counts so far, logged every step: skipped non-finite steps, reward errors,
+    truncated prompts; the counts that only some runs have (a reward model's truncated
+    inputs, checkpoints not saved for lack of disk space) once they exist."""
+    out = {
+        "skipped_steps": counters.get("skipped_nonfinite_steps", 0),
+        "reward_errors": counters.get("reward_errors", 0),
+        "truncated_prompts": counters.get("truncated_prompts", 0),
+    }
+    for key in ("reward_model_truncated", "checkpoints_not_saved"):
+        if key in counters:
+            out[key] = counters[key]
+    return out
+
+
 def tool_metrics(episodes) -> dict[str, Any]:
     """Multi-turn rounds: TRL's ``tools/call_frequency`` (calls per completion) and
     ``tools/failure_frequency`` (failed calls / calls), every process's; and the failures

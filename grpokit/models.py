@@ -357,15 +357,18 @@ def save_final_model(
     tmp = out.parent / f".{out.name}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    is_peft = hasattr(model, "peft_config")
-    if is_peft and merge_lora:
-        import copy
+    from grpokit.checkpoint import written_or_removed
 
-        merged = copy.deepcopy(model).merge_and_unload()
-        merged.save_pretrained(tmp)
-    else:
-        model.save_pretrained(tmp, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
+    is_peft = hasattr(model, "peft_config")
+    with written_or_removed(tmp, f"the final model ({out})"):
+        if is_peft and merge_lora:
+            import copy
+
+            merged = copy.deepcopy(model).merge_and_unload()
+            merged.save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)

@@ -30,13 +30,14 @@ from grpokit.checkpoint import (
     load_trainer_files,
     save_checkpoint,
     set_rng_state,
+    skipped_when_full,
 )
 from grpokit.config import GRPOConfig, save_config
 from grpokit.dynamic import Groups, fill_batch
 from grpokit.evaluation import describe_eval, evaluate_rows, format_comparison, save_eval
 from grpokit.launch import launch_from_env, training_strategy
 from grpokit.logging import MetricsLogger, truncate_logs
-from grpokit.metrics import accuracy, completions_table, round_metrics
+from grpokit.metrics import accuracy, completions_table, counter_metrics, round_metrics
 from grpokit.prompts import render_prompts, tokenize_prompts
 from grpokit.scoring import round_advantages, score_rollout
 from grpokit.speed.heap import HeapRelease
@@ -117,7 +118,7 @@ class GRPOTrainer:
             self.status.set("stopped", self.step)
             path = self.save()
             self.logger.print(
-                f"\nstopped at step {self.step}; checkpoint saved to {path}.\n"
+                f"\nstopped at step {self.step}; checkpoint saved to {path or 'NOWHERE (disk full)'}.\n"
                 f"continue with: grpokit train <recipe> --output_dir {c.output_dir} --resume"
             )
             self.status.write_report(self.step)
@@ -272,12 +273,8 @@ class GRPOTrainer:
             loss=dist.all_reduce_sum(torch.tensor(g.loss_sum)).item() if finite else float("nan"),
             grad_norm=grad_norm.item(),
             learning_rate=lr,
-            skipped_steps=self.counters.get("skipped_nonfinite_steps", 0),
-            reward_errors=self.counters.get("reward_errors", 0),
-            truncated_prompts=self.counters.get("truncated_prompts", 0),
+            **counter_metrics(self.counters),
         )
-        if "reward_model_truncated" in self.counters:  # only runs with a reward model log it
-            out["reward_model_truncated"] = self.counters["reward_model_truncated"]
         out["time/training"] = time.time() - t0
         positions = torch.tensor(float(self.logprobs.train_positions - positions0))
         out["tokens_forward"] = dist.all_reduce_sum(positions).item()
@@ -310,12 +307,13 @@ class GRPOTrainer:
         self.status.set("finished", self.step)
         report = self.status.write_report(self.step)
         self.logger.print(
-            f"\nfinal model: {final}\nmetrics: {self.out / 'metrics.jsonl'}"
+            f"\nfinal model: {final or 'NOT SAVED (disk full, see above)'}"
+            f"\nmetrics: {self.out / 'metrics.jsonl'}"
             + (f"\nlast checkpoint: {ckpt}" if ckpt else "")
             + (f"\nreport: {report}" if report else f"\nreport: grpokit report {self.out}")
         )
         self.logger.close()
-        return {"stopped": False, "step": self.step, "final_model": str(final), **results}
+        return {"stopped": False, "step": self.step, "final_model": final and str(final), **results}
 
     def _evaluate(self, tag: str, verbose: bool = True) -> dict[str, Any]:
         r = evaluate_rows(
@@ -333,28 +331,28 @@ class GRPOTrainer:
         path = None
         model, sd = self.strategy.model_for_saving(self.model)
         if dist.is_main():
-            c = self.cfg
-            path = save_checkpoint(
-                self.out,
-                self.step,
-                model=model,
-                model_state_dict=sd,
-                tokenizer=self.tokenizer,
-                optimizer=self.strategy.optimizer_to_save(self.optimizer),
-                scheduler=self.scheduler,
-                trainer_state={
-                    "global_step": self.step,
-                    "sampler": self.data.sampler.state_dict(),
-                    "counters": self.counters,
-                    "total_steps": self.total_steps,
-                    "entropy_control": self.opt.gradients.state_dict(),
-                    "health": self.health.state_dict(),
-                },
-                config_yaml=yaml.safe_dump(c.to_dict(), sort_keys=False),
-                ref_model=self.reference.to_save(self.step),
-                save_total_limit=c.save_total_limit,
-            )
-            if self.hub:
+            with skipped_when_full(self.counters, "checkpoints_not_saved", "training goes on"):
+                path = save_checkpoint(
+                    self.out,
+                    self.step,
+                    model=model,
+                    model_state_dict=sd,
+                    tokenizer=self.tokenizer,
+                    optimizer=self.strategy.optimizer_to_save(self.optimizer),
+                    scheduler=self.scheduler,
+                    trainer_state={
+                        "global_step": self.step,
+                        "sampler": self.data.sampler.state_dict(),
+                        "counters": self.counters,
+                        "total_steps": self.total_steps,
+                        "entropy_control": self.opt.gradients.state_dict(),
+                        "health": self.health.state_dict(),
+                    },
+                    config_yaml=yaml.safe_dump(self.cfg.to_dict(), sort_keys=False),
+                    ref_model=self.reference.to_save(self.step),
+                    save_total_limit=self.cfg.save_total_limit,
+                )
+            if self.hub and path is not None:
                 self.hub.after_save(path, self.step)
         dist.barrier()
         return path
@@ -388,13 +386,14 @@ class GRPOTrainer:
         path = self.out / "final"
         model, sd = self.strategy.model_for_saving(self.model)
         if dist.is_main():
-            save_final_model(
-                model, self.tokenizer, path, merge_lora=self.cfg.merge_lora, state_dict=sd
-            )
-            (path / "grpokit_config.yaml").write_text(
-                yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
-            )
-            if self.hub:
-                self.logger.print(f"uploaded to {self.hub.at_end(path)}")
+            with skipped_when_full(self.counters, "final_model_not_saved", "evaluating anyway"):
+                save_final_model(
+                    model, self.tokenizer, path, merge_lora=self.cfg.merge_lora, state_dict=sd
+                )
+                (path / "grpokit_config.yaml").write_text(
+                    yaml.safe_dump(self.cfg.to_dict(), sort_keys=False)
+                )
+                if self.hub:
+                    self.logger.print(f"uploaded to {self.hub.at_end(path)}")
         dist.barrier()
-        return path
+        return None if self.counters.get("final_model_not_saved") else path
