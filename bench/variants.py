@@ -111,6 +111,8 @@ def run_one(name: str, overrides: dict, seed: int, out: Path, extra: list[str]) 
         "threads": os.environ.get("OMP_NUM_THREADS", "all"),
     }
     record.write_text(json.dumps(result, indent=1))
+    for ckpt in out_dir.glob("checkpoint-*"):  # 1.6 GB each; the table needs none of them
+        shutil.rmtree(ckpt, ignore_errors=True)
     return result
 
 
