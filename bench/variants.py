@@ -139,10 +139,10 @@ def _cpu() -> str:
     return "unknown"
 
 
-def table(results: list[dict], command: str) -> str:
+def table(results: list[dict], command: str, note: str = "") -> str:
     """The markdown table: one row per variant, mean over seeds and each seed's gain."""
     lines = [
-        f"Measured {datetime.date.today().isoformat()} with `{command}`.",
+        f"Measured {datetime.date.today().isoformat()} with `{command}`{note}.",
         "",
         "| variant | accuracy before | accuracy after (mean) | gain (points, per seed) "
         "| wall time per run (min) | health alerts fired (per seed) |",
@@ -203,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
             run_one(name, ov, seed, out, extra) for name, ov in chosen.items() for seed in a.seeds
         ]
     command = "python bench/variants.py " + " ".join(argv + (["--", *extra] if extra else []))
-    md = table(results, command)
+    if a.collect:
+        days = sorted({str(r.get("finished", "?"))[:10] for r in results})
+        note = f" (runs finished {', '.join(days)}; each run's command, CPU and threads: its variant_run.json)"
+    md = table(results, command, note if a.collect else "")
     (out / "variants.json").write_text(json.dumps(results, indent=1))
     (out / "variants.md").write_text(md)
     print(md)
