@@ -39,31 +39,32 @@ def _can_mount_tmpfs(where: Path) -> bool:
     return r.returncode == 0
 
 
-def _train_on_tmpfs(recipe: Path, out: Path, keep: Path, size: str = "96k"):
-    """Train with ``out`` a tmpfs of ``size``; its files are copied to ``keep`` at the end
-    (the mount goes with the namespace)."""
-    script = (
-        f"mount -t tmpfs -o size={size} none {out} && "
-        f"{sys.executable} -m grpokit train {recipe} --output_dir {out}; rc=$?; "
-        f"cp -a {out}/. {keep}/; exit $rc"
-    )
-    return subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300
-    )
-
-
-def test_a_full_disk_skips_checkpoints_with_one_line_and_keeps_the_results(
-    tmp_path, tiny_model_dir
-):
+def _train_on_tmpfs(tmp_path: Path, model: str, size: str, **overrides):
+    """Train the tiny recipe with its output directory a tmpfs of ``size``; the directory's
+    files are copied to ``keep`` at the end (the mount goes with the namespace). Returns the
+    finished process, the output directory and ``keep``."""
     out, keep = tmp_path / "out", tmp_path / "keep"
     out.mkdir()
     keep.mkdir()
     if not _can_mount_tmpfs(out):
         pytest.skip("unshare cannot mount a tmpfs here")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump({**RECIPE, "model_name_or_path": tiny_model_dir}))
+    recipe.write_text(yaml.safe_dump({**RECIPE, "model_name_or_path": model, **overrides}))
+    script = (
+        f"mount -t tmpfs -o size={size} none {out} && "
+        f"{sys.executable} -m grpokit train {recipe} --output_dir {out}; rc=$?; "
+        f"cp -a {out}/. {keep}/; exit $rc"
+    )
+    r = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300
+    )
+    return r, out, keep
 
-    r = _train_on_tmpfs(recipe, out, keep)
+
+def test_a_full_disk_skips_checkpoints_with_one_line_and_keeps_the_results(
+    tmp_path, tiny_model_dir
+):
+    r, out, keep = _train_on_tmpfs(tmp_path, tiny_model_dir, "96k")
 
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.returncode == 1, r.stderr[-3000:]
@@ -97,24 +98,9 @@ def test_when_a_checkpoint_fits_but_the_final_model_does_not_resume_is_offered(
 ):
     """Room for the one checkpoint (step 2, ~440 KB), not for the final model (~150 KB) next
     to it: the closing line names the checkpoint to resume from, and it is complete."""
-    out, keep = tmp_path / "out", tmp_path / "keep"
-    out.mkdir()
-    keep.mkdir()
-    if not _can_mount_tmpfs(out):
-        pytest.skip("unshare cannot mount a tmpfs here")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(
-        yaml.safe_dump(
-            {
-                **RECIPE,
-                "model_name_or_path": tiny_model_dir,
-                "save_steps": 2,
-                "write_report": False,
-            }  # fmt: skip
-        )
+    r, out, keep = _train_on_tmpfs(
+        tmp_path, tiny_model_dir, "520k", save_steps=2, write_report=False
     )
-
-    r = _train_on_tmpfs(recipe, out, keep, size="520k")
 
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.returncode == 1, r.stderr[-3000:]
