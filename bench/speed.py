@@ -4,6 +4,7 @@
     python bench/speed.py --quick               # smoke run: 2 steps, max_completion_length 32
     python bench/speed.py --forced_length       # every completion runs to max_completion_length
     python bench/speed.py --configs a --rounds 4 --skip_check
+    python bench/speed.py --forced_length --fp32 --profile   # + where each phase's time goes
     python bench/speed.py --sweep 64,128,256,512 --forced_length --skip_check  # grpokit only
     python bench/speed.py --sweep 1024,2048 --forced_length --skip_check --fp32 --rounds 0 \
         --sides grpokit                         # one step per length: its peak RSS only
@@ -200,6 +201,15 @@ def child_grpokit(spec: dict) -> dict:
     seen: dict = {}
     _autocast_probe(trainer.model, seen)
     trainer.engine.generate = _in_phase(trainer.engine.generate, "generation")
+    profile: dict = {}
+    if spec.get("profile"):  # the last round runs under torch.profiler and is not timed
+        last = spec["steps"] - spec["num_iterations"]
+        due = lambda: trainer.step >= last  # noqa: E731
+        trainer.engine.generate = _profiled(trainer.engine.generate, "generation", profile, due)
+        ref = trainer.reference
+        ref.logps = _profiled(ref.logps, "reference", profile, due)
+        trainer.optimizer_step = _profiled(trainer.optimizer_step, "training", profile, due)
+    dt = "bf16" if spec["bf16"] else "fp32"
     setup = time.time() - t0
     trainer.train()
     steps = []
@@ -218,9 +228,12 @@ def child_grpokit(spec: dict) -> dict:
                 "prompt_tokens": m.get("tokens_prompt", 0.0),
                 "forward_positions": m.get("tokens_forward"),
                 "mean_length": m.get("completions/mean_length"),
+                "max_length": m.get("completions/max_length"),
             }
             s["other"] = s["step"] - sum(s[k] for k in PHASES[:-1])
             steps.append(s)
+    if profile:
+        steps = steps[: -spec["num_iterations"]]
     emb = trainer.model.get_output_embeddings().weight
     n_params = sum(p.numel() for p in trainer.model.parameters())  # tied embedding once
     return {
@@ -232,31 +245,91 @@ def child_grpokit(spec: dict) -> dict:
         "autocast": seen,
         "head_params": emb.numel(),
         "body_params": n_params - emb.numel(),
-        # bf16 rates only where the run used bf16 (without native bf16 they take minutes)
-        "matmul_gflops": _matmul_gflops() if spec["bf16"] else {},
-        "model_gemm_gflops": _model_gemm_gflops(trainer.model.config) if spec["bf16"] else None,
+        # rates in the run's compute dtype only (bf16 without native bf16 takes minutes)
+        "compute_dtype": dt,
+        "matmul_gflops": {dt: _matmul_gflops(dt)},
+        "model_gemm_gflops": _model_gemm_gflops(trainer.model.config, dt),
+        "read_gbps": _read_gbps(),
+        "profile": profile,
         "engine_start_seconds": getattr(trainer.engine, "start_seconds", None),
     }
 
 
-def _matmul_gflops(n: int = 2048, reps: int = 5) -> dict:
-    """This machine's matmul rate right now (same process and threads as the training)."""
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+# the operations that are matrix products (their backward runs the same kernels)
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product")
+
+
+def _profiled(fn, name: str, store: dict, due):
+    """``fn`` run under ``torch.profiler`` when ``due()``: its operations by self CPU time
+    (summed over every call of the profiled round) go to ``store[name]``."""
     import torch
 
-    out = {}
-    for name, dt in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
-        for _ in range(2):
-            a @ b
+    def wrapper(*a, **k):
+        if not due():
+            return fn(*a, **k)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = fn(*a, **k)
+        ops = store.setdefault(name, {})
+        for e in prof.key_averages():
+            if e.self_cpu_time_total > 0:
+                ops[e.key] = ops.get(e.key, 0.0) + e.self_cpu_time_total / 1e6
+        return out
+
+    return wrapper
+
+
+def profile_table(profile: dict, top: int = 12) -> str:
+    """Each profiled phase's operations by self time: seconds, share, and the products' share."""
+    lines = []
+    for phase, ops in profile.items():
+        total = sum(ops.values())
+        prod = sum(v for k, v in ops.items() if k.startswith(PRODUCTS))
+        lines += [
+            f"\n{phase}: {total:.2f} s of operations, matrix products {prod / total:.0%}",
+            "",
+            "| operation | self s | share |",
+            "| --- | ---: | ---: |",
+        ]
+        for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"| `{k}` | {v:.2f} | {v / total:.1%} |")
+    return "\n".join(lines)
+
+
+def _matmul_gflops(dtype: str, n: int = 2048, reps: int = 5) -> float:
+    """This machine's ``dtype`` matmul rate right now (same process and threads as the
+    training): the best of ``reps`` n^3 products."""
+    import torch
+
+    dt = getattr(torch, DTYPES[dtype])
+    a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+    for _ in range(2):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
         t = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        out[name] = 2 * n**3 * reps / (time.perf_counter() - t) / 1e9
-    return out
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
 
 
-def _model_gemm_gflops(cfg, tokens: int = 2048, reps: int = 3) -> float:
-    """The bf16 rate of the matrix products a training step of this model runs, alone: for
+def _read_gbps(gib: float = 1.0, reps: int = 5) -> float:
+    """Memory read bandwidth right now, GB/s: the best of ``reps`` sums over ``gib`` GiB of
+    float32 (far larger than the caches), as a decode step reads every weight once."""
+    import torch
+
+    x = torch.ones(int(gib * 2**28), dtype=torch.float32)
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def _model_gemm_gflops(cfg, dtype: str = "bf16", tokens: int = 2048, reps: int = 3) -> float:
+    """The ``dtype`` rate of the matrix products a training step of this model runs, alone: for
     each linear layer of one decoder layer (q, k, v, o, gate, up, down) and the output layer,
     the forward X @ W.T, the input gradient dY @ W and the weight gradient dY.T @ X over
     ``tokens`` rows, weighted by how often a step runs them. A training phase made of nothing
@@ -273,7 +346,7 @@ def _model_gemm_gflops(cfg, tokens: int = 2048, reps: int = 3) -> float:
     shapes += [(H, inter), (H, inter), (inter, H)]
     plan = [(i, o, cfg.num_hidden_layers) for i, o in shapes] + [(H, cfg.vocab_size, 1)]
     flops = secs = 0.0
-    bf = torch.bfloat16
+    bf = getattr(torch, DTYPES[dtype])
     for i, o, count in plan:
         x, w = torch.randn(tokens, i, dtype=bf), torch.randn(o, i, dtype=bf)
         dy = torch.randn(tokens, o, dtype=bf)
@@ -707,7 +780,7 @@ def run_child(python: Path, kind: str, spec: dict, workdir: Path) -> tuple[dict 
     return json.loads(out_path.read_text()), rss_gb, tail
 
 
-def summarize(res: dict, mu: int, warmup_rounds: int = 1) -> dict:
+def summarize(res: dict, mu: int, warmup_rounds: int = 1, spec: dict | None = None) -> dict:
     """Median round time / mu, phase medians per step, tokens/s, over rounds after the warm-up."""
     steps = res["steps"]
     rounds = [steps[i : i + mu] for i in range(0, len(steps), mu)][warmup_rounds:]
@@ -747,21 +820,72 @@ def summarize(res: dict, mu: int, warmup_rounds: int = 1) -> dict:
                 for r in rounds
             ]
             out["exec_gflops"] = statistics.median(rates)
-        peak = res.get("matmul_gflops", {}).get("bf16")
+        dt = res.get("compute_dtype", "bf16")
+        peak = res.get("matmul_gflops", {}).get(dt)
         if peak:
             out["train_of_peak"] = out["train_gflops"] / peak
             if "exec_gflops" in out:
                 out["exec_of_peak"] = out["exec_gflops"] / peak
-            out["matmul_bf16_gflops"] = peak
+            out["matmul_gflops"] = peak
         shaped = res.get("model_gemm_gflops")
         if shaped:
             out["model_gemm_gflops"] = shaped
             out["exec_of_shaped"] = out.get("exec_gflops", out["train_gflops"]) / shaped
+        if shaped and res.get("read_gbps") and spec:
+            limits = [step_limit(res, r, mu, spec) for r in rounds]
+            for k in ("generation", "reference", "training", "step"):
+                out[f"limit_{k}"] = statistics.median(lim[k] for lim in limits)
+            out["of_limit"] = out["step"] / out["limit_step"]
+            out["read_gbps"] = res["read_gbps"]
     return out
+
+
+def step_limit(res: dict, r: list[dict], mu: int, spec: dict) -> dict:
+    """The least time a step of round ``r`` can take on this machine, from the rates measured
+    in the same process: every matrix product of the step at the model's own product rate
+    (``model_gemm_gflops``), and decoding no faster than reading all weights once a token.
+
+    Products count each distinct prompt once and every completion token (the output layer
+    for completion tokens only; attention scores left out), the least a step must compute
+    (grpokit's shared-prompt forward runs a prompt once per micro-batch, TRL once per row): a
+    forward is 2 x parameters x tokens; training
+    runs the forward, the input gradients and (full fine-tuning) the weight gradients; the
+    reference forward (beta > 0) and generation run once a round, i.e. per step / mu (with
+    mu > 1 the old log-probs are the first step's own). Generation: each distinct prompt
+    prefilled once, then per token max(reading the weights, the products of the batch)."""
+    rate = res["model_gemm_gflops"] * 1e9
+    body, head = res["body_params"], res["head_params"]
+    G, peft = spec["num_generations"], spec["use_peft"]
+    prompt, comp = r[0]["prompt_tokens"], r[0]["tokens"]
+    fwd = 2 * body * (prompt / G + comp) + 2 * head * comp
+    training = fwd * (2 if peft else 3) / rate
+    reference = (fwd / rate if spec["beta"] else 0.0) / mu
+    weight_bytes = (body + head) * (2 if res.get("compute_dtype") == "bf16" else 4)
+    decode = max(
+        (r[0]["max_length"] or 0) * weight_bytes / (res["read_gbps"] * 1e9),
+        2 * (body + head) * comp / rate,
+    )
+    generation = (2 * (body + head) * prompt / G / rate + decode) / mu
+    return {
+        "generation": generation,
+        "reference": reference,
+        "training": training,
+        "step": generation + reference + training,
+    }
 
 
 def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     g, t = rows.get("grpokit"), rows.get("trl")
+    dt = (g or {}).get("compute_dtype", "bf16")
+    limit = (g or {}).get("summary", {}).get("limit_step")
+    for r in rows.values():  # the limit's phases in one cell; TRL's step over the same limit
+        sm = r["summary"]
+        if limit and "limit_step" not in sm and sm.get("step"):
+            sm["of_limit"] = sm["step"] / limit
+        if "limit_step" in sm:
+            sm["limit_parts"] = " / ".join(
+                f"{sm[f'limit_{k}']:.2f}" for k in ("generation", "reference", "training")
+            )
     extra = [sd for sd in VLLM_SIDES if sd in rows]  # grpokit with vLLM rollouts
     cols = ["grpokit", f"TRL {t['version'] if t else ''}".strip(), "grpokit / TRL"]
     for sd in extra:
@@ -779,10 +903,10 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
         return r[src].get(key) if src == "summary" else r.get(key)
 
     def cell(v, fmt):
-        return fmt.format(v) if isinstance(v, (int, float)) else "-"
+        return fmt.format(v) if isinstance(v, (int, float, str)) else "-"
 
     def ratio(x, y):
-        ok = all(isinstance(v, (int, float)) and v for v in (x, y))
+        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v for v in (x, y))
         return f"{x / y:.2f}" if ok else "-"
 
     def row(title, key, fmt="{:.2f}", src="summary"):
@@ -802,12 +926,19 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     row("tokens generated / s", "tokens_per_s", "{:.0f}")
     row("mean completion length", "mean_length", "{:.1f}")
     row("training GFLOP/s, model FLOPs (6 x params x each row's tokens)", "train_gflops", "{:.0f}")
-    row("... of this machine's bf16 matmul GFLOP/s", "train_of_peak", "{:.0%}")
+    row(f"... of this machine's {dt} matmul GFLOP/s", "train_of_peak", "{:.0%}")
     row("training GFLOP/s executed (6 x params x positions run)", "exec_gflops", "{:.0f}")
-    row("... of this machine's bf16 matmul GFLOP/s ", "exec_of_peak", "{:.0%}")
-    row("bf16 matmul GFLOP/s, 2048^3 (same process)", "matmul_bf16_gflops", "{:.0f}")
-    row("bf16 GFLOP/s of this model's own products (2048 rows)", "model_gemm_gflops", "{:.0f}")
+    row(f"... of this machine's {dt} matmul GFLOP/s ", "exec_of_peak", "{:.0%}")
+    row(f"{dt} matmul GFLOP/s, 2048^3 (same process, best of 5)", "matmul_gflops", "{:.0f}")
+    row(f"{dt} GFLOP/s of this model's own products (2048 rows)", "model_gemm_gflops", "{:.0f}")
     row("... training executed as a share of it", "exec_of_shaped", "{:.0%}")
+    row("memory read GB/s (same process)", "read_gbps", "{:.1f}")
+    row(
+        "**limit s / step** (products at the model's rate, decoding >= a weight read a token)",
+        "limit_step",
+    )
+    row("... limit: generation / reference / training s", "limit_parts", "{}")
+    row("**s / step over the limit**", "of_limit")
     row("**peak RSS GB** (vllm-server: trainer + server)", "rss_gb", src="top")
     row("setup s (load, not timed)", "setup_seconds", "{:.1f}", src="top")
     if extra:
@@ -856,6 +987,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--sides", default="grpokit,trl", help="grpokit, trl, vllm-colocate, vllm-server"
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="grpokit runs one more round under torch.profiler (not timed) and prints each "
+        "phase's operations by self time",
     )
     ap.add_argument("--output_dir", default="outputs/bench-speed")
     ap.add_argument(
@@ -956,6 +1093,8 @@ def main() -> int:
             sd = work / f"{name}-{side}"
             t0 = time.time()
             side_spec = dict(spec, output_dir=str(sd), vllm_mode=VLLM_SIDES.get(side))
+            if a.profile and side == "grpokit":
+                side_spec.update(profile=True, steps=spec["steps"] + mu)
             server = None
             if side == "vllm-server":
                 server = VLLMServer(a.model, "bfloat16" if spec["bf16"] else "float32", work)
@@ -978,7 +1117,7 @@ def main() -> int:
                 rss += server_rss
             r["rss_gb"] = rss
             r["wall_seconds"] = time.time() - t0
-            r["summary"] = summarize(r, mu)
+            r["summary"] = summarize(r, mu, spec=side_spec)
             rows[side] = r
             print(
                 f"({name}) {side}: {r['summary'].get('step', float('nan')):.2f} s/step, "
@@ -987,6 +1126,9 @@ def main() -> int:
             )
         report["configs"][name] = rows
         print("\n" + format_table(name, c["label"], rows) + "\n", flush=True)
+        if rows.get("grpokit", {}).get("profile"):
+            print(f"({name}) grpokit, one round under torch.profiler (not timed):")
+            print(profile_table(rows["grpokit"]["profile"]) + "\n", flush=True)
         (out / "speed.json").write_text(json.dumps(report, indent=1))
     print(f"results: {out / 'speed.json'}")
     return 0
@@ -997,8 +1139,8 @@ def sweep(a, base: dict, work: Path, out: Path, rounds: int) -> int:
     --forced_length), one child per length."""
     lines = [
         "| max_completion_length | s / step | generation s | reference s | training s | "
-        "tokens / s | training GFLOP/s | peak RSS GB |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "tokens / s | training GFLOP/s | limit s / step | over the limit | peak RSS GB |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     report = {}
     for L in [int(x) for x in a.sweep.split(",")]:
@@ -1010,11 +1152,12 @@ def sweep(a, base: dict, work: Path, out: Path, rounds: int) -> int:
         if r is None:
             print(f"L={L} FAILED:\n{tail}", flush=True)
             continue
-        sm = summarize(r, 1, warmup_rounds=1 if rounds else 0)  # 0: the one step
+        sm = summarize(r, 1, warmup_rounds=1 if rounds else 0, spec=spec)  # 0: the one step
         report[L] = dict(sm, rss_gb=rss)
         lines.append(
             f"| {L} | {sm['step']:.2f} | {sm['generation']:.2f} | {sm['reference']:.2f} | "
             f"{sm['training']:.2f} | {sm['tokens_per_s']:.0f} | {sm.get('train_gflops', 0):.0f} | "
+            f"{sm.get('limit_step', float('nan')):.2f} | {sm.get('of_limit', float('nan')):.2f} | "
             f"{rss:.2f} |"
         )
         print(lines[-1], flush=True)

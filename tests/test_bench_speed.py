@@ -1,0 +1,57 @@
+"""bench/speed.py's step limit (the least time a step can take from the measured rates): the
+arithmetic by hand, since the bench prints it next to every measured step."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_speed", Path(__file__).resolve().parents[1] / "bench" / "speed.py"
+)
+speed = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(speed)
+
+RES = {"model_gemm_gflops": 1.0, "read_gbps": 1.0, "body_params": 100, "head_params": 10}
+# 2 rows (G=2) of 4 prompt tokens each, 6 completion tokens, the longest 4
+ROUND = [{"prompt_tokens": 8, "tokens": 6, "max_length": 4}]
+SPEC = {"num_generations": 2, "use_peft": False, "beta": 0.04}
+
+
+def test_full_fine_tuning_step_limit_by_hand():
+    lim = speed.step_limit({**RES, "compute_dtype": "fp32"}, ROUND, 1, SPEC)
+    fwd = 2 * 100 * (4 + 6) + 2 * 10 * 6  # prompt once, completions, head on completions
+    assert lim["training"] == pytest.approx(3 * fwd * 1e-9)
+    assert lim["reference"] == pytest.approx(fwd * 1e-9)
+    # prefill 2 x 110 x 4; decoding: max(4 tokens x 440 bytes, 2 x 110 x 6 FLOPs)
+    assert lim["generation"] == pytest.approx((2 * 110 * 4 + max(4 * 440, 2 * 110 * 6)) * 1e-9)
+    assert lim["step"] == pytest.approx(lim["training"] + lim["reference"] + lim["generation"])
+
+
+def test_lora_bf16_and_several_iterations():
+    lim = speed.step_limit(
+        {**RES, "compute_dtype": "bf16"}, ROUND, 2, {**SPEC, "use_peft": True, "beta": 0.0}
+    )
+    fwd = 2 * 100 * (4 + 6) + 2 * 10 * 6
+    assert lim["training"] == pytest.approx(2 * fwd * 1e-9)  # no weight gradients
+    assert lim["reference"] == 0.0
+    # bf16 weights (2 bytes): the products bound the decoding; a round shared by 2 steps
+    assert lim["generation"] == pytest.approx((2 * 110 * 4 + 2 * 110 * 6) * 1e-9 / 2)
+
+
+def test_summary_reports_the_ratio_to_the_limit():
+    res = {
+        **RES,
+        "compute_dtype": "fp32",
+        "matmul_gflops": {"fp32": 2.0},
+        "steps": [
+            {"step": 1.0, "generation": 0.2, "scoring": 0.0, "reference": 0.2, "training": 0.6,
+             "other": 0.0, "tokens": 6, "prompt_tokens": 8, "max_length": 4,
+             "mean_length": 3.0, "forward_positions": None}
+        ] * 2,
+    }  # fmt: skip
+    sm = speed.summarize(res, 1, spec=SPEC)
+    lim = speed.step_limit(res, ROUND, 1, SPEC)
+    assert sm["limit_step"] == pytest.approx(lim["step"])
+    assert sm["of_limit"] == pytest.approx(1.0 / lim["step"])
+    assert sm["read_gbps"] == 1.0
