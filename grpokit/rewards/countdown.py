@@ -73,22 +73,49 @@ def first_answer(text: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
-def equation_score(equation: str, nums, target) -> float:
-    """1.0 when ``equation`` (text from the first '=' dropped) uses exactly ``nums`` and
-    evaluates within 1e-5 of ``target``; else 0.0. Never raises."""
+def equation_value(equation: str, nums) -> float | None:
+    """The value of ``equation`` (text from the first '=' dropped) when it is an expression
+    of + - * / and parentheses that uses exactly ``nums`` (each once) and has a finite value;
+    else None. Never raises."""
     equation = equation.split("=", 1)[0]
     try:
         if len(equation) > MAX_EQUATION_CHARS:
-            return 0.0
+            return None
         used = sorted(int(n) for n in re.findall(r"\d+", equation))
         if used != sorted(int(n) for n in nums):
-            return 0.0
+            return None
         if not _ALLOWED.match(equation):
-            return 0.0
+            return None
         value = float(arith_eval(equation))
-        return 1.0 if math.isfinite(value) and abs(value - float(target)) < 1e-5 else 0.0
+        return value if math.isfinite(value) else None
     except (ValueError, TypeError, ArithmeticError, SyntaxError, RecursionError, MemoryError):
+        return None
+
+
+def equation_score(equation: str, nums, target) -> float:
+    """1.0 when ``equation`` (text from the first '=' dropped) uses exactly ``nums`` and
+    evaluates within 1e-5 of ``target``; else 0.0. Never raises."""
+    value = equation_value(equation, nums)
+    try:
+        return 1.0 if value is not None and abs(value - float(target)) < 1e-5 else 0.0
+    except (ValueError, TypeError):
         return 0.0
+
+
+def equation_closeness(equation: str, nums, target) -> float:
+    """Partial credit for the value: ``1 / (1 + 10 |value - target| / max(1, |target|))``
+    (as ``arithmetic_closeness``) when ``equation`` uses exactly ``nums``, else 0.0; 1.0
+    exactly when ``equation_score`` is 1.0 (up to its 1e-5). Never raises."""
+    value = equation_value(equation, nums)
+    try:
+        t = float(target)
+    except (ValueError, TypeError):
+        return 0.0
+    if value is None or not math.isfinite(t):
+        return 0.0
+    if abs(value - t) < 1e-5:
+        return 1.0
+    return 1.0 / (1.0 + 10.0 * abs(value - t) / max(1.0, abs(t)))
 
 
 def numbers_overlap(equation: str, nums) -> float:
@@ -146,6 +173,19 @@ def countdown_numbers(prompts, completions, nums, **kwargs) -> list[float]:
     weight it below ``countdown``."""
     texts = (first_answer(completion_text(c)) for c in completions)
     return [0.0 if e is None else numbers_overlap(e, n) for e, n in zip(texts, nums)]
+
+
+@register_reward("countdown_closeness")
+def countdown_closeness(prompts, completions, nums, target, **kwargs) -> list[float]:
+    """Partial credit (grpokit's, not ms-swift's) for how near the first ``<answer>``'s
+    value comes to the target, given that it uses exactly the given numbers
+    (``equation_closeness``): so that choosing the operators pays before the target is hit,
+    where ``countdown_numbers`` rewards only keeping to the numbers. 1.0 when ``countdown``
+    is 1.0; weight it below ``countdown``."""
+    texts = (first_answer(completion_text(c)) for c in completions)
+    return [
+        0.0 if e is None else equation_closeness(e, n, t) for e, n, t in zip(texts, nums, target)
+    ]
 
 
 @register_reward("swift_format")

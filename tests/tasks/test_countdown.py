@@ -392,3 +392,46 @@ def test_countdown_numbers_is_the_overlap_on_random_equations():
         want = common / max(len(used), len(nums))
         got = fn(["p"], [f"<answer>{equation}</answer>"], nums=[nums], target=[1])
         assert got == [pytest.approx(want)], (nums, equation)
+
+
+@pytest.mark.parametrize(
+    "completion, score",
+    [
+        ("<answer>(2 + 5) - 3</answer>", 1.0),  # hits 4
+        ("<answer>2 * 5 - 3 = 4</answer>", 1 / (1 + 10 * 3 / 4)),  # 7, off by 3
+        ("<answer>2 + 5 + 3</answer>", 1 / (1 + 10 * 6 / 4)),  # 10, off by 6
+        ("<answer>2 - 5 - 3</answer>", 1 / (1 + 10 * 10 / 4)),  # -6, off by 10
+        ("<answer>2 + 5</answer>", 0.0),  # a number missing: no credit for the value
+        ("<answer>4</answer>", 0.0),  # the target written, not made
+        ("<answer>2 / (5 - 5) + 3</answer>", 0.0),  # no value
+        ("<answer>2 ** 5 - 3</answer>", 0.0),  # not an allowed operation
+        ("<think>(2 + 5) - 3</think>", 0.0),  # no answer
+    ],
+)
+def test_countdown_closeness_credits_the_value_once_the_numbers_are_right(completion, score):
+    (fn,) = get_reward_funcs(["countdown_closeness"])
+    got = fn(["p"], [completion], nums=[[2, 5, 3]], target=[4])
+    assert got == [pytest.approx(score)]
+
+
+def test_countdown_closeness_is_one_exactly_where_countdown_is():
+    """On random equations over random problems: 1.0 if and only if the success reward is 1,
+    and never above the numbers reward (a value is credited only with the right numbers)."""
+    close, success, numbers = get_reward_funcs(
+        ["countdown_closeness", "countdown", "countdown_numbers"]
+    )
+    rng = random.Random(7)
+    hits = 0
+    for _ in range(400):
+        nums = [rng.randint(1, 9) for _ in range(rng.choice([2, 3]))]
+        order = rng.sample(nums, len(nums))
+        ops = [rng.choice("+-*/") for _ in order[1:]]
+        equation = str(order[0]) + "".join(f" {o} {n}" for o, n in zip(ops, order[1:]))
+        target = rng.randint(1, 20)
+        args = (["p"], [f"<answer>{equation}</answer>"])
+        c = close(*args, nums=[nums], target=[target])[0]
+        s = success(*args, nums=[nums], target=[target])[0]
+        assert (c == 1.0) == (s == 1.0), (nums, equation, target)
+        assert 0.0 < c <= numbers(*args, nums=[nums])[0]
+        hits += s == 1.0
+    assert hits > 0  # the sample includes solved problems
