@@ -21,6 +21,7 @@ import torch
 from grpokit.algo import entropy_from_logits, linear_logprobs, selective_log_softmax
 from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
+from grpokit.rollout.kvcache import cache_kwarg, returned_cache
 from grpokit.speed.attention import shared_mask_attention
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
@@ -207,19 +208,20 @@ class LogProbs:
         net = model if head is None else head[0]
         extra = {"logits_to_keep": 1} if head is None else {}
         with autocast(ids.device.type, self.amp_dtype):
-            cache = net(
+            prefix = net(
                 input_ids=pre_ids,
                 attention_mask=pre_mask,
                 position_ids=pre_pos,
                 use_cache=True,
                 **extra,
-            ).past_key_values
+            )
+            cache = returned_cache(prefix)
             cache.batch_select_indices(inverse)
             out = net(
                 input_ids=ids,
                 attention_mask=attn,
                 position_ids=pos,
-                past_key_values=cache,
+                **cache_kwarg(cache),
                 use_cache=True,
                 **({"logits_to_keep": 0} if head is None else {}),
             )

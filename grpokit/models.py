@@ -284,6 +284,17 @@ _DTYPES = {
 }
 
 
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing of every layer (no cache: a checkpointed
+    forward does not keep one), by the name the installed transformers has (5.24 renamed
+    ``gradient_checkpointing_enable`` to ``activation_checkpointing_enable``)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
 def load_model_and_tokenizer(
     spec: str,
     *,
@@ -327,8 +338,7 @@ def load_model_and_tokenizer(
         res.path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **hub
     )
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        enable_checkpointing(model)
     if use_peft:
         from peft import LoraConfig, get_peft_model
 

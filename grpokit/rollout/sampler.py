@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpokit.rollout.kvcache import cache_kwarg
 from grpokit.speed.fastdecode import FastDecoder
 from grpokit.speed.prefix import (
     MIN_SHARED_PREFIX,
@@ -291,7 +292,7 @@ def _prefill_shared(model, split: PrefixSplit, total: int) -> Prefilled | None:
         input_ids=split.prefix_ids,
         attention_mask=mask[:1, :L],
         position_ids=torch.arange(L, device=device)[None],
-        past_key_values=cache,
+        **cache_kwarg(cache),
         cache_position=torch.arange(L, device=device),
         use_cache=True,
         logits_to_keep=1,
@@ -302,7 +303,7 @@ def _prefill_shared(model, split: PrefixSplit, total: int) -> Prefilled | None:
         input_ids=split.suffix_ids,
         attention_mask=mask[:, : L + S],
         position_ids=split.suffix_pos,
-        past_key_values=cache,
+        **cache_kwarg(cache),
         cache_position=torch.arange(L, L + S, device=device),
         use_cache=True,
         logits_to_keep=1,
@@ -326,7 +327,7 @@ def _prefill(
         input_ids=input_ids,
         attention_mask=mask[:, :P],
         position_ids=pos,
-        past_key_values=cache,
+        **cache_kwarg(cache),
         cache_position=torch.arange(P, device=device),
         use_cache=True,
         logits_to_keep=1,
@@ -406,7 +407,7 @@ def _step(model, cache, fast, nxt: torch.Tensor, run: _Running, at: int) -> torc
         input_ids=nxt[:, None],
         attention_mask=run.mask[:, : at + 1],
         position_ids=run.next_pos,
-        past_key_values=cache,
+        **cache_kwarg(cache),
         cache_position=torch.tensor([at], device=nxt.device),
         use_cache=True,
     )

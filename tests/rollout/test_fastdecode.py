@@ -16,6 +16,7 @@ from transformers import (
     StaticCache,
 )
 
+from grpokit.rollout.kvcache import cache_kwarg
 from grpokit.rollout.sampler import sample
 from grpokit.speed.fastdecode import FastDecoder, why_unsupported
 
@@ -71,7 +72,7 @@ def _prefilled(model, B=3, P=7, extra=5, seed=0):
             input_ids=ids,
             attention_mask=mask[:, :P],
             position_ids=pos,
-            past_key_values=cache,
+            **cache_kwarg(cache),
             cache_position=torch.arange(P),
             use_cache=True,
         )
@@ -103,7 +104,7 @@ def test_step_logits_equal_the_model_forward(kind, dtype):
                     input_ids=tok[:, None],
                     attention_mask=mask[:, : P + t + 1],
                     position_ids=(nxt_pos + t)[:, None],
-                    past_key_values=cache_ref,
+                    **cache_kwarg(cache_ref),
                     cache_position=torch.tensor([P + t]),
                     use_cache=True,
                 )

@@ -213,10 +213,11 @@ def test_checkpointed_model_keeps_transformers_attention(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from grpokit.forward import LogProbs
+    from grpokit.models import enable_checkpointing
     from grpokit.rollout.base import Rollout
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)
     model.train()
     g = torch.Generator().manual_seed(0)
     p_mask = torch.ones(3, 9, dtype=torch.long)
