@@ -356,3 +356,34 @@ def test_existing_loss_types_unchanged_by_the_new_defaults():
         else:
             b = per.sum() / mask.sum()
         assert a.item() == b.item(), lt
+
+
+def _grad(loss_type, logp0, old, adv, mask, **kw):
+    logp = logp0.clone().requires_grad_()
+    loss, _ = policy_loss(logp, old, None, adv, mask, loss_type=loss_type, **kw)
+    loss.backward()
+    return logp.grad
+
+
+def test_on_policy_cispo_and_vespo_step_as_dapo_and_sapo_as_grpo():
+    """With every ratio 1 (num_iterations 1, the sampler's own policy), cispo's and vespo's
+    gradients equal dapo's and sapo's equals grpo's: they differ only off-policy. (The
+    variants benchmark's seed-0 runs of cispo and vespo logged the same numbers as dapo's but
+    the loss value, and sapo's sampled the same 1,280 completions as grpo's.) Off-policy, the
+    same tensors give different gradients."""
+    g = torch.Generator().manual_seed(11)
+    N, T = 6, 5
+    logp0 = -torch.rand(N, T, generator=g, dtype=torch.float64) * 3
+    adv = torch.randn(N, generator=g, dtype=torch.float64)
+    mask = (torch.rand(N, T, generator=g) > 0.2).double()
+    mask[:, 0] = 1
+    twins = [("dapo", "cispo", {"epsilon_high": 5.0}), ("dapo", "vespo", {}), ("grpo", "sapo", {})]
+    for base, other, kw in twins:
+        on = _grad(base, logp0, logp0, adv, mask, **kw), _grad(other, logp0, logp0, adv, mask, **kw)
+        torch.testing.assert_close(on[0], on[1], rtol=1e-12, atol=1e-14, msg=other)
+        stale = logp0 + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+        off = (
+            _grad(base, logp0, stale, adv, mask, **kw),
+            _grad(other, logp0, stale, adv, mask, **kw),
+        )
+        assert not torch.allclose(off[0], off[1]), other
