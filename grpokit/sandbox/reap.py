@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -68,10 +69,44 @@ def group_members(pgid: int) -> list[int]:
 
 
 def kill_uid(uid: int, deadline: float = 5.0) -> None:
-    """SIGKILL every process running as ``uid``: kill(-1) from a child that became ``uid``
-    (one sweep reaches them all, no pid races), repeated until /proc shows none. Root only."""
-    if not pids_of(uid):
-        return
+    """SIGKILL every process running as ``uid``: kill(-1) as ``uid`` (one sweep reaches them
+    all, no pid races), repeated until /proc shows none. Root only.
+
+    Always at least one sweep, never "nothing in /proc, nothing to do": a program that forks
+    a detached child as it exits can be missed by a look at /proc (the child is created after
+    the listing, its parent is a zombie when its status is read), and that child would outlive
+    the run. The sweep runs ``setpriv ... kill -KILL -1`` (spawned, not forked, so it costs a
+    few milliseconds even from a trainer holding gigabytes); without those tools, a forked
+    child of this process does it."""
+    tools = _sweep_tools()
+    if tools is None:
+        return _kill_uid_forked(uid, deadline)
+    setpriv, kill = tools
+    cmd = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", kill, "-KILL", "-1"]
+    end = time.monotonic() + deadline
+    while True:
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        if not pids_of(uid):
+            return
+        if time.monotonic() > end:
+            log.warning("sandbox: processes of uid %d survived the cleanup", uid)
+            return
+        time.sleep(0.005)
+
+
+_TOOLS: list = []
+
+
+def _sweep_tools() -> tuple[str, str] | None:
+    """(setpriv, kill) paths, looked up once; None when either is missing."""
+    if not _TOOLS:
+        setpriv, kill = shutil.which("setpriv"), shutil.which("kill", path="/usr/bin:/bin")
+        _TOOLS.append((setpriv, kill) if setpriv and kill else None)
+    return _TOOLS[0]
+
+
+def _kill_uid_forked(uid: int, deadline: float) -> None:
+    """kill_uid's sweep from a forked child that became ``uid`` (the fallback)."""
     pid = os.fork()
     if pid == 0:
         try:
