@@ -848,11 +848,11 @@ def step_limit(res: dict, r: list[dict], mu: int, spec: dict) -> dict:
     Products count each distinct prompt once and every completion token (the output layer
     for completion tokens only; attention scores left out), the least a step must compute
     (grpokit's shared-prompt forward runs a prompt once per micro-batch, TRL once per row): a
-    forward is 2 x parameters x tokens; training
-    runs the forward, the input gradients and (full fine-tuning) the weight gradients; the
-    reference forward (beta > 0) and generation run once a round, i.e. per step / mu (with
-    mu > 1 the old log-probs are the first step's own). Generation: each distinct prompt
-    prefilled once, then per token max(reading the weights, the products of the batch)."""
+    forward is 2 x parameters x tokens; training runs the forward, the input gradients and
+    (full fine-tuning) the weight gradients; the reference forward (beta > 0) and generation
+    run once a round, i.e. per step / mu (with mu > 1 the old log-probs are the first step's
+    own). Generation: each distinct prompt prefilled once, then per token max(reading the
+    weights, the products of the batch)."""
     rate = res["model_gemm_gflops"] * 1e9
     body, head = res["body_params"], res["head_params"]
     G, peft = spec["num_generations"], spec["use_peft"]
@@ -906,7 +906,7 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
         return fmt.format(v) if isinstance(v, (int, float, str)) else "-"
 
     def ratio(x, y):
-        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and v for v in (x, y))
+        ok = all(isinstance(v, (int, float)) and v for v in (x, y))
         return f"{x / y:.2f}" if ok else "-"
 
     def row(title, key, fmt="{:.2f}", src="summary"):

@@ -5,6 +5,7 @@ All of it reads /proc; nothing here waits longer than its own stated limit.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import selectors
@@ -94,15 +95,11 @@ def kill_uid(uid: int, deadline: float = 5.0) -> None:
         time.sleep(0.005)
 
 
-_TOOLS: list = []
-
-
+@functools.cache
 def _sweep_tools() -> tuple[str, str] | None:
     """(setpriv, kill) paths, looked up once; None when either is missing."""
-    if not _TOOLS:
-        setpriv, kill = shutil.which("setpriv"), shutil.which("kill", path="/usr/bin:/bin")
-        _TOOLS.append((setpriv, kill) if setpriv and kill else None)
-    return _TOOLS[0]
+    setpriv, kill = shutil.which("setpriv"), shutil.which("kill", path="/usr/bin:/bin")
+    return (setpriv, kill) if setpriv and kill else None
 
 
 def _kill_uid_forked(uid: int, deadline: float) -> None:

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,35 @@ def test_non_root_levels_as_a_real_unprivileged_user(hostile, level):
     finally:
         kill_uid(uid)
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.parametrize("tools", ["setpriv", "forked"])
+def test_kill_uid_reaches_detached_processes_of_the_uid(tools, monkeypatch, caplog):
+    """kill_uid ends every process of the uid, each in its own session (as a program's
+    setsid children are), with setpriv + kill and with the forked fallback; nothing of it is
+    left for /proc to show, and no "survived" warning."""
+    from grpokit.sandbox import reap
+
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv to start processes as the uid")
+    if tools == "forked":
+        monkeypatch.setattr(reap, "_sweep_tools", lambda: None)
+    elif reap._sweep_tools() is None:
+        pytest.skip("needs setpriv and kill")
+    uid = 0x70000000 + 250  # the sandbox range (grpokit/sandbox/uids.py), one no lease uses
+    kill_uid(uid)
+    spawn = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "sleep", "60"]
+    procs = [subprocess.Popen(spawn, start_new_session=True) for _ in range(3)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(pids_of(uid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(pids_of(uid)) == 3
+        with caplog.at_level("WARNING", logger="grpokit.sandbox"):
+            kill_uid(uid)
+        assert pids_of(uid) == []
+        assert [p.wait(timeout=5) for p in procs] == [-9, -9, -9]
+        assert "survived" not in caplog.text
+    finally:
+        for p in procs:
+            p.kill()
