@@ -118,8 +118,7 @@ class LogProbs:
     ):
         self.temperature, self.amp_dtype = temperature, amp_dtype
         self.fused, self.share_prompts = fused, share_prompts
-        # an entropy bonus needs the entropies' gradient: the model's own head computes them
-        # (the fused head's entropies carry none)
+        # an entropy bonus needs the entropies' gradient (the fused head gives it when asked)
         self.entropy_grad = entropy_grad
         self.train_positions = 0
 
@@ -139,7 +138,7 @@ class LogProbs:
         ck = max(1, int(c_mask.sum(-1).max()))  # completions are right-padded
         p_ids, p_mask = p_ids[:, P - pk :], p_mask[:, P - pk :]
         c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
-        head = fused_head(model) if self.fused and not self.entropy_grad else None
+        head = fused_head(model) if self.fused else None
         shared = None
         if self.share_prompts and not is_checkpointing(model):  # (no KV cache when checkpointed)
             shared = shared_prompts(p_ids, p_mask)
@@ -248,6 +247,7 @@ class LogProbs:
             temperature=self.temperature,
             compute_dtype=None if fp32 else self.amp_dtype,
             with_entropy=with_entropy,
+            entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
         )
         flat = torch.nonzero(torch.nn.functional.pad(sel, (0, C - ck)).reshape(-1)).squeeze(1)
         logp = lp.new_zeros(n * C).index_put((flat,), lp).view(n, C)

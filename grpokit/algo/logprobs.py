@@ -44,12 +44,13 @@ class _LinearLogProbs(torch.autograd.Function):
     token chunk by token chunk, never holding the (N, V) float32 logits. For the backward it
     keeps the softmax in ``cdtype`` when that fits in ``keep_bytes`` (one (N, V) bf16 block
     under mixed precision); otherwise the backward recomputes each chunk's logits (one extra
-    matmul)."""
+    matmul). With ``entropy_grad`` the entropies are differentiable too: their gradient
+    w.r.t. the logits, -p (log p + H), needs log p, so the backward always recomputes the
+    chunk's logits then (nothing (N, V) is kept)."""
 
     @staticmethod
-    def forward(
-        ctx, hidden, weight, bias, targets, inv_temp, cdtype, chunk, with_entropy, keep_bytes
-    ):
+    def forward(ctx, hidden, weight, bias, targets, inv_temp, cdtype, chunk, with_entropy,
+                keep_bytes, entropy_grad=False):  # fmt: skip
         N, V = hidden.shape[0], weight.shape[0]
         dev = hidden.device
         logp = torch.empty(N, dtype=torch.float32, device=dev)
@@ -57,14 +58,16 @@ class _LinearLogProbs(torch.autograd.Function):
         ent = torch.empty(N if with_entropy else 0, dtype=torch.float32, device=dev)
         grad_needed = any(ctx.needs_input_grad[:3])
         esize = torch.empty(0, dtype=cdtype).element_size()
-        keep = grad_needed and N * V * esize <= keep_bytes
+        keep = grad_needed and not entropy_grad and N * V * esize <= keep_bytes
         # Work buffers of one fixed size, (chunk, V), whatever N is: allocations of varying
         # size fragment a heap that is never trimmed (./run's malloc settings), and the
         # process grew by ~0.1 GB a step that way.
         rows = min(chunk, N)
-        lg_buf = torch.empty(rows, V, dtype=torch.float32, device=dev)
-        ls_buf = torch.empty(rows, V, dtype=torch.float32, device=dev)
-        mm_buf = None if cdtype == torch.float32 else torch.empty(rows, V, dtype=cdtype, device=dev)
+        bufs = (
+            torch.empty(rows, V, dtype=torch.float32, device=dev),  # logits, then softmax
+            torch.empty(rows, V, dtype=torch.float32, device=dev),  # log-softmax
+            None if cdtype == torch.float32 else torch.empty(rows, V, dtype=cdtype, device=dev),
+        )
         probs = None
         if keep:  # rows rounded up to whole chunks: a few sizes only
             probs = torch.empty(-(-N // rows) * rows, V, dtype=cdtype, device=dev)
@@ -73,47 +76,32 @@ class _LinearLogProbs(torch.autograd.Function):
             b = None if bias is None else bias.to(cdtype)
             for s in range(0, N, chunk):
                 e = min(N, s + chunk)
-                n = e - s
-                t = targets[s:e, None]
-                lg = lg_buf[:n]
-                _linear_into(
-                    hidden[s:e].to(cdtype),
-                    w,
-                    b,
-                    lg,
-                    None if mm_buf is None else mm_buf[:n],
-                    scale=inv_temp,
-                )
-                ls = ls_buf[:n]
-                torch.ops.aten._log_softmax.out(lg, -1, False, out=ls)
-                lp = ls.gather(-1, t).squeeze(-1)
-                logp[s:e] = lp
-                lse[s:e] = lg.gather(-1, t).squeeze(-1) - lp
-                if with_entropy or keep:
-                    p = torch.exp(ls, out=lg)  # the logits are no longer needed
-                    if with_entropy:  # H = -sum(p log p), one dot product per row: a
-                        # loop of dots ran 3-4x faster than a batched (1, V) x (V, 1) bmm
-                        ent_c = ent[s:e]
-                        for i in range(n):
-                            torch.dot(p[i], ls[i], out=ent_c[i])
-                        ent_c.neg_()
-                    if keep:
-                        probs[s:e] = p
+                p = _chunk_forward(hidden[s:e].to(cdtype), w, b, targets[s:e], inv_temp, bufs,
+                                   logp[s:e], lse[s:e], ent[s:e] if with_entropy else None,
+                                   keep)  # fmt: skip
+                if keep:
+                    probs[s:e] = p
         # the cdtype copy of the weight (a fresh cast per call otherwise: 28M elements for a
         # 49k x 576 head) is kept for the backward instead of cast again there
-        ctx.save_for_backward(hidden, w, b, targets, lse, logp, probs)
+        ctx.save_for_backward(hidden, w, b, targets, lse, logp, probs, ent)
         ctx.w_dtype = weight.dtype
         ctx.b_dtype = None if bias is None else bias.dtype
         ctx.inv_temp, ctx.cdtype, ctx.chunk = inv_temp, cdtype, chunk
-        ctx.mark_non_differentiable(ent)
+        ctx.entropy_grad = bool(entropy_grad and with_entropy)
+        if not ctx.entropy_grad:
+            ctx.mark_non_differentiable(ent)
         return logp, ent
 
     @staticmethod
     def backward(ctx, g_logp, g_ent):
-        hidden, w, b, targets, lse, logp, probs = ctx.saved_tensors
+        hidden, w, b, targets, lse, logp, probs, ent = ctx.saved_tensors
         inv_temp, cdtype, chunk = ctx.inv_temp, ctx.cdtype, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         N, V, dev = hidden.shape[0], w.shape[0], hidden.device
+        if g_logp is None:
+            g_logp = torch.zeros(N, dtype=torch.float32, device=dev)
+        if not ctx.entropy_grad or g_ent is None:
+            g_ent = None  # (no entropy term: the log-prob gradient alone)
         if probs is not None and cdtype != torch.float32:
             return _backward_kept(ctx, hidden, w, targets, logp, probs, g_logp)
         g_h = torch.empty_like(hidden) if need_h else None
@@ -122,6 +110,7 @@ class _LinearLogProbs(torch.autograd.Function):
         if need_b and b is not None:
             g_b = torch.zeros(w.shape[0], dtype=torch.float32, device=dev)
         grad_buf = torch.empty(min(chunk, N), V, dtype=torch.float32, device=dev)
+        p_buf = None if g_ent is None else torch.empty_like(grad_buf)
         low_buf = None
         if cdtype != torch.float32:
             low_buf = torch.empty(min(chunk, N), V, dtype=cdtype, device=dev)
@@ -139,9 +128,20 @@ class _LinearLogProbs(torch.autograd.Function):
                     _linear_into(
                         hc, w, b, grad, None if low_buf is None else low_buf[:n], scale=inv_temp
                     )
-                    grad.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])
+                    grad.sub_(lse[s:e, None])  # log p
+                    if g_ent is None:
+                        grad.exp_().mul_(-g[:, None])
+                    else:  # d/dz [g logp_t + ge H] = g (onehot - p) - ge p (log p + H)
+                        ge = g_ent[s:e].float() * inv_temp
+                        p = torch.exp(grad, out=p_buf[:n])
+                        h_c = ent[s:e, None]
+                        grad.add_(h_c).mul_(ge[:, None]).add_(g[:, None]).mul_(p).neg_()
                 # the target's term from its float32 probability (no cancellation in 1 - p)
-                grad[rows[:n], targets[s:e]] = g * (1.0 - logp[s:e].exp())
+                p_t = logp[s:e].exp()
+                t_grad = g * (1.0 - p_t)
+                if g_ent is not None:
+                    t_grad = t_grad - ge * p_t * (logp[s:e] + ent[s:e])
+                grad[rows[:n], targets[s:e]] = t_grad
                 if low_buf is not None:
                     grad = low_buf[:n].copy_(grad)
                 if need_h:
@@ -152,7 +152,29 @@ class _LinearLogProbs(torch.autograd.Function):
                     g_b.add_(grad.float().sum(0))
         g_w = None if g_w is None else g_w.to(ctx.w_dtype)
         g_b = None if g_b is None else g_b.to(ctx.b_dtype)
-        return g_h, g_w, g_b, None, None, None, None, None, None
+        return g_h, g_w, g_b, None, None, None, None, None, None, None
+
+
+def _chunk_forward(h, w, b, targets, inv_temp, bufs, logp, lse, ent, want_probs):
+    """One chunk of n tokens: fills ``logp`` and ``lse`` (n,), and ``ent`` (n,) when given;
+    returns the (n, V) float32 softmax (in a work buffer) when ``want_probs`` or ``ent``."""
+    n = h.shape[0]
+    lg, ls = bufs[0][:n], bufs[1][:n]
+    _linear_into(h, w, b, lg, None if bufs[2] is None else bufs[2][:n], scale=inv_temp)
+    torch.ops.aten._log_softmax.out(lg, -1, False, out=ls)
+    t = targets[:, None]
+    lp = ls.gather(-1, t).squeeze(-1)
+    logp.copy_(lp)
+    lse.copy_(lg.gather(-1, t).squeeze(-1) - lp)
+    if ent is None and not want_probs:
+        return None
+    p = torch.exp(ls, out=lg)  # the logits are no longer needed
+    if ent is not None:  # H = -sum(p log p), one dot product per row: a loop of dots ran
+        # 3-4x faster than a batched (1, V) x (V, 1) bmm
+        for i in range(n):
+            torch.dot(p[i], ls[i], out=ent[i])
+        ent.neg_()
+    return p
 
 
 def _backward_kept(ctx, hidden, w, targets, logp, probs, g_logp):
@@ -183,7 +205,7 @@ def _backward_kept(ctx, hidden, w, targets, logp, probs, g_logp):
                 g_b = (q.t() @ neg_g.to(cdtype)).to(ctx.b_dtype)
         finally:
             q[at] = kept
-    return g_h, g_w, g_b, None, None, None, None, None, None
+    return g_h, g_w, g_b, None, None, None, None, None, None, None
 
 
 def _linear_into(x, w, b, out, low, scale: float = 1.0):
@@ -216,6 +238,7 @@ def linear_logprobs(
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
     keep_bytes: int = 1 << 28,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Fused output layer + log-softmax + gather (+ entropy) over N tokens.
 
@@ -228,7 +251,8 @@ def linear_logprobs(
             softmax is always float32. Defaults to ``weight.dtype``.
     Returns:
         (N,) float32 log-probs (differentiable w.r.t. hidden, weight, bias) and, if asked,
-        (N,) float32 entropies (not differentiable).
+        (N,) float32 entropies, differentiable too with ``entropy_grad`` (an entropy bonus;
+        the backward then recomputes each chunk's logits), else detached.
     Equals ``selective_log_softmax(linear(hidden, weight, bias) / temperature, targets)``
     up to the rounding of ``compute_dtype``, with at most one (chunk_tokens, V) float32
     block alive instead of the whole (N, V) logits and their gradient; the softmax is kept
@@ -238,6 +262,15 @@ def linear_logprobs(
     cd = compute_dtype or weight.dtype
     chunk = chunk_tokens or _chunk_tokens(weight.shape[0])
     logp, ent = _LinearLogProbs.apply(
-        hidden, weight, bias, targets, 1.0 / temperature, cd, chunk, with_entropy, keep_bytes
+        hidden,
+        weight,
+        bias,
+        targets,
+        1.0 / temperature,
+        cd,
+        chunk,
+        with_entropy,
+        keep_bytes,
+        entropy_grad,
     )
     return logp, (ent if with_entropy else None)

@@ -131,3 +131,52 @@ def test_linear_logprobs_bf16_kept_softmax_backward_matches_recomputed():
         for a, c in zip(*grads):
             assert a.dtype == torch.float32
             torch.testing.assert_close(a, c, atol=2e-2, rtol=2e-2)  # bf16 rounding
+
+
+def test_linear_logprobs_entropy_gradient_matches_naive():
+    """With ``entropy_grad`` the fused head's entropies carry the gradient of -sum p log p
+    (an entropy bonus), together with the log-probs' own, as autograd through the full
+    logits gives it; chunked, with a bias and a temperature; without it they carry none."""
+    from grpokit.algo import linear_logprobs
+
+    g = torch.Generator().manual_seed(3)
+    N, H, V, temp = 13, 8, 37, 0.7
+    hidden = torch.randn(N, H, generator=g, dtype=torch.float64).float()
+    weight = torch.randn(V, H, generator=g) * 0.5
+    bias = torch.randn(V, generator=g) * 0.1
+    targets = torch.randint(0, V, (N,), generator=g)
+    a, c = torch.randn(N, generator=g), torch.randn(N, generator=g)
+
+    def naive(h, w, b):
+        logits = (h @ w.t() + b) / temp
+        ls = torch.log_softmax(logits, -1)
+        ent = -(ls.exp() * ls).sum(-1)
+        return ls.gather(-1, targets[:, None]).squeeze(-1), ent
+
+    ins = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    lp, ent = naive(*ins)
+    (a * lp + c * ent).sum().backward()
+    want = [x.grad for x in ins]
+    ins2 = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    lp2, ent2 = linear_logprobs(
+        ins2[0], ins2[1], targets, bias=ins2[2], temperature=temp, with_entropy=True,
+        entropy_grad=True, chunk_tokens=5,
+    )  # fmt: skip
+    assert torch.allclose(lp2, lp, atol=1e-5) and torch.allclose(ent2, ent, atol=1e-5)
+    (a * lp2 + c * ent2).sum().backward()
+    for got, exp in zip((x.grad for x in ins2), want):
+        assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4), (got - exp).abs().max()
+    # the entropies alone (no log-prob term): only the entropy part of the gradient
+    ins3 = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    _, ent3 = linear_logprobs(
+        ins3[0], ins3[1], targets, bias=ins3[2], temperature=temp, with_entropy=True,
+        entropy_grad=True, chunk_tokens=4,
+    )  # fmt: skip
+    ent3.sum().backward()
+    ins4 = [x.clone().requires_grad_() for x in (hidden, weight, bias)]
+    naive(*ins4)[1].sum().backward()
+    for got, exp in zip((x.grad for x in ins3), (x.grad for x in ins4)):
+        assert torch.allclose(got, exp, atol=1e-5, rtol=1e-4)
+    # without entropy_grad the entropies are detached values
+    _, ent5 = linear_logprobs(hidden.requires_grad_(), weight, targets, with_entropy=True)
+    assert not ent5.requires_grad
