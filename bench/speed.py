@@ -535,8 +535,9 @@ def child_check(spec: dict) -> dict:
     N, C, beta, eps, temp = 8, 24, 0.04, 0.2, spec["temperature"]
     s = dict(spec, per_device_train_batch_size=N, gradient_accumulation_steps=1, beta=beta)
     s.update(num_iterations=1, max_completion_length=C, bf16=False, steps=1, forced_length=False)
-    # TRL 1.16 multiplies the KL term by the importance ratio by default (use_bias_correction_kl);
-    # grpokit's k3 KL is not weighted, so compare the unweighted formula.
+    # TRL 1.16 (and grpokit's config) multiply the KL term by the importance ratio by default
+    # (use_bias_correction_kl); policy_loss's own default is the unweighted k3, which this
+    # check compares on both sides.
     args = _trl_config(s, spec["output_dir"], use_bias_correction_kl=False)
     ds = load_dataset("json", data_files=spec["prompts_path"], split="train")
     tok = AutoTokenizer.from_pretrained(spec["model"])

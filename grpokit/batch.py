@@ -23,6 +23,18 @@ class Batch:
     ref_logp: torch.Tensor | None  # (N, C), only when beta > 0
 
 
+def loss_mask(ro: Rollout, mask_truncated: bool) -> torch.Tensor:
+    """(N, C) the tokens the loss trains on: the completion (up to and including its EOS),
+    without tool results (context, never trained on), nothing of a truncated completion
+    when ``mask_truncated`` (``mask_truncated_completions``)."""
+    mask = ro.completion_mask.clone()
+    if ro.tool_mask is not None:
+        mask *= ro.tool_mask
+    if mask_truncated:
+        mask[ro.truncated] = 0
+    return mask
+
+
 def split_rows(order, plen, clen, group, mb: int, share: bool, max_tokens: int | None = None):
     """(cost, micro-batches): ``order`` cut into consecutive pieces of at most ``mb`` rows,
     cut points chosen by dynamic programming to minimise the token positions the forward

@@ -217,9 +217,11 @@ class GRPOConfig:
     vespo_lambda_neg: float = 2.0
     top_entropy_quantile: float = 1.0  # rho: only the top-rho tokens by entropy learn
     off_policy_mask_threshold: float | None = None  # DeepSeek-V3.2 off-policy sequence mask
-    use_bias_correction_kl: bool = False
+    use_bias_correction_kl: bool = True  # TRL's default since 1.10 (huggingface/trl#6503)
     multi_objective_aggregation: str = "sum_then_normalize"  # or normalize_then_sum (GDPO)
-    advantage_estimator: str = "grpo"  # or rloo (leave-one-out baseline, verl's rloo)
+    # or rloo (leave-one-out baseline, verl's rloo), reinforce_plus_plus_baseline (verl's:
+    # group mean, then whitened over the batch's tokens; scale_rewards unset -> batch)
+    advantage_estimator: str = "grpo"
     entropy_coef: float = 0.0  # loss -= entropy_coef * mean token entropy
     use_adaptive_entropy: bool = False  # Skywork-OR1's controller of entropy_coef
     entropy_coef_min: float = 0.0
@@ -395,23 +397,6 @@ def _check_frontier(c: GRPOConfig) -> None:
         f"off_policy_mask_threshold={c.off_policy_mask_threshold} must be >= 0 (e.g. 0.5) or null",
     )
     _check(
-        c.multi_objective_aggregation in MULTI_OBJECTIVE_AGGREGATIONS,
-        f"multi_objective_aggregation={c.multi_objective_aggregation!r}: use one of "
-        f"{MULTI_OBJECTIVE_AGGREGATIONS}",
-    )
-    _check(
-        c.advantage_estimator in ADVANTAGE_ESTIMATORS,
-        f"advantage_estimator={c.advantage_estimator!r}: use one of {ADVANTAGE_ESTIMATORS}",
-    )
-    _check(
-        not (
-            c.advantage_estimator == "rloo"
-            and c.multi_objective_aggregation != "sum_then_normalize"
-        ),
-        "advantage_estimator rloo needs multi_objective_aggregation: sum_then_normalize "
-        "(normalize_then_sum uses the group mean)",
-    )
-    _check(
         c.entropy_coef_min <= c.entropy_coef_max and c.entropy_coef_delta >= 0,
         "entropy_coef_min must be <= entropy_coef_max and entropy_coef_delta >= 0",
     )
@@ -428,6 +413,32 @@ def _check_frontier(c: GRPOConfig) -> None:
         "lora_target_modules or set cast_lm_head_to_fp32: false",
     )
     _warn_frontier(c)
+
+
+def _check_estimator(c: GRPOConfig) -> None:
+    """advantage_estimator and multi_objective_aggregation, and their combinations."""
+    _check(
+        c.multi_objective_aggregation in MULTI_OBJECTIVE_AGGREGATIONS,
+        f"multi_objective_aggregation={c.multi_objective_aggregation!r}: use one of "
+        f"{MULTI_OBJECTIVE_AGGREGATIONS}",
+    )
+    _check(
+        c.advantage_estimator in ADVANTAGE_ESTIMATORS,
+        f"advantage_estimator={c.advantage_estimator!r}: use one of {ADVANTAGE_ESTIMATORS}",
+    )
+    _check(
+        not (
+            c.advantage_estimator != "grpo"
+            and c.multi_objective_aggregation != "sum_then_normalize"
+        ),
+        f"advantage_estimator {c.advantage_estimator} needs multi_objective_aggregation: "
+        "sum_then_normalize (normalize_then_sum uses the group mean)",
+    )
+    _check(
+        c.advantage_estimator != "reinforce_plus_plus_baseline" or c.scale_rewards_mode == "batch",
+        "advantage_estimator reinforce_plus_plus_baseline whitens over the batch's tokens "
+        f"itself (verl): set scale_rewards: batch (not {c.scale_rewards!r})",
+    )
 
 
 def _lora_targets_head(c: GRPOConfig) -> bool:
@@ -646,9 +657,15 @@ def _check_batch(c: GRPOConfig) -> None:
     G = c.num_generations
     _check(G >= 1, f"num_generations={G} must be >= 1")
     _check(
-        G >= 2 or c.scale_rewards_mode == "none",
+        G >= 2 or c.scale_rewards_mode == "none"
+        or c.advantage_estimator == "reinforce_plus_plus_baseline",
         f"num_generations={G}: a group of one has no spread, so its advantage is always 0; "
-        "use num_generations >= 2",
+        "use num_generations >= 2 (or advantage_estimator: reinforce_plus_plus_baseline)",
+    )  # fmt: skip
+    _check(
+        G >= 2 or not c.dynamic_sampling,
+        "dynamic_sampling keeps groups whose rewards differ, never a group of one: "
+        "use num_generations >= 2 or dynamic_sampling: false",
     )
     check_processes(c, c.world_size)
 
@@ -719,6 +736,7 @@ _VALIDATORS = (
     _check_model,
     _check_objective,
     _check_frontier,
+    _check_estimator,
     _check_reference,
     _check_generation,
     _check_vllm,
@@ -954,6 +972,8 @@ def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfi
     frozen config."""
     clean = _typed_values(values, source)
     _resolve_task(clean, source)
+    if clean.get("advantage_estimator") == "reinforce_plus_plus_baseline":
+        clean.setdefault("scale_rewards", "batch")  # its own batch whitening, unless told
     return GRPOConfig(**clean)
 
 

@@ -11,6 +11,7 @@ import torch
 
 from grpokit import distributed as dist
 from grpokit.algo import multi_objective_advantages
+from grpokit.algo.variants import TOKEN_WEIGHTED_ESTIMATORS
 from grpokit.prompts import columns_for_rewards
 
 log = logging.getLogger("grpokit")
@@ -167,16 +168,28 @@ def combine(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.where(none_applied, torch.full_like(total, math.nan), total)
 
 
-def round_advantages(rewards: torch.Tensor, weights: torch.Tensor, cfg, device) -> tuple:
+def round_advantages(
+    rewards: torch.Tensor, weights: torch.Tensor, cfg, device,
+    lengths: torch.Tensor | None = None,
+) -> tuple:  # fmt: skip
     """A round's advantages from this process's (N, F) rewards: (every process's (N_g, F)
     rewards, their weighted sum (N_g,), this process's (N,) advantages on ``device``).
-    Group statistics are global: every process gathers every reward first."""
+    Group statistics are global: every process gathers every reward first. ``lengths``:
+    this process's (N,) loss-token counts, gathered alike for the estimators that weigh
+    completions by their tokens (``reinforce_plus_plus_baseline`` whitens over the tokens
+    of every process's completions, as verl over its global batch)."""
     all_rewards = dist.all_gather_cat(rewards)  # (N_global, F)
+    all_lengths = None
+    if cfg.advantage_estimator in TOKEN_WEIGHTED_ESTIMATORS:
+        if lengths is None:
+            raise ValueError(f"advantage_estimator {cfg.advantage_estimator} needs the lengths")
+        all_lengths = dist.all_gather_cat(lengths.to(rewards.device))  # rows as all_rewards
     total = combine(all_rewards, weights)  # (N_global,)
     adv_all = multi_objective_advantages(
         all_rewards, weights, cfg.num_generations,
         scale_rewards=cfg.scale_rewards_mode, estimator=cfg.advantage_estimator,
         multi_objective_aggregation=cfg.multi_objective_aggregation,
+        completion_lengths=all_lengths,
     )  # fmt: skip
     N, r = rewards.shape[0], dist.rank()
     return all_rewards, total, adv_all[r * N : (r + 1) * N].to(device)

@@ -21,6 +21,7 @@ import yaml
 from grpokit import distributed as dist
 from grpokit import setup
 from grpokit.batch import Batch
+from grpokit.batch import loss_mask as make_loss_mask
 from grpokit.checkpoint import (
     NonFiniteSkips,
     check_resume_config,
@@ -189,14 +190,12 @@ class GRPOTrainer:
         else:
             g = self._generate_groups()
         rows, ro, rewards = g.rows, g.rollout, g.rewards
-        t1 = time.time()
-        all_rewards, total, adv = round_advantages(rewards, self.rewards.weights, c, self.device)
+        loss_mask = make_loss_mask(ro, c.mask_truncated_completions)
+        t1 = time.time()  # lengths: the loss tokens (verl's response_mask) of each row
+        all_rewards, total, adv = round_advantages(
+            rewards, self.rewards.weights, c, self.device, lengths=loss_mask.sum(-1)
+        )
         t2 = time.time()
-        loss_mask = ro.completion_mask.clone()
-        if ro.tool_mask is not None:  # tool results are context, never trained on
-            loss_mask *= ro.tool_mask
-        if c.mask_truncated_completions:
-            loss_mask[ro.truncated] = 0
         # With num_iterations > 1 the old log-probs are the first optimizer step's own
         # (detached; see update.GradientPass): the policy has not changed yet, no extra pass.
         ref_logp = None

@@ -95,7 +95,7 @@ class GradientPass:
             if self.loss_args["loss_type"] == "bnpo":  # average over micro-batches/ranks
                 loss = loss / per_mb
             if self.entropy is not None:
-                loss = self._minus_bonus(loss, ent, b.loss_mask[sl], num_tokens, per_mb, window)
+                loss = self._minus_bonus(loss, ent, b.loss_mask[sl], per_mb, window)
             if not torch.isfinite(loss):
                 res.finite = False
                 if not self.strategy.every_rank_runs_backward:
@@ -120,15 +120,13 @@ class GradientPass:
         if self.entropy is not None and state:
             self.entropy.load_state_dict(state)
 
-    def _minus_bonus(self, loss, ent, mask, num_tokens, per_mb, window):
+    def _minus_bonus(self, loss, ent, mask, per_mb, window):
         """``loss - coef * H`` (TRL's entropy bonus), H this micro-batch's share of the mean
         token entropy; adds the micro-batch's entropy sum and count to ``window``."""
         term, e_sum, e_count = entropy_bonus(
             ent,
             mask,
-            loss_type=self.loss_args["loss_type"],
             top_entropy_quantile=self.loss_args.get("top_entropy_quantile", 1.0),
-            num_tokens=num_tokens,
             num_micro_batches=per_mb,
         )
         window += torch.stack([e_sum, e_count]).double().cpu()

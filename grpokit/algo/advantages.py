@@ -10,7 +10,15 @@ import math
 
 import torch
 
-from grpokit.algo.variants import ADVANTAGE_ESTIMATORS, MULTI_OBJECTIVE_AGGREGATIONS, SCALE_REWARDS
+from grpokit.algo.variants import (
+    ADVANTAGE_ESTIMATORS,
+    MULTI_OBJECTIVE_AGGREGATIONS,
+    SCALE_REWARDS,
+    TOKEN_WEIGHTED_ESTIMATORS,
+)
+
+# verl's masked_whiten: added to the variance inside the inverse square root
+_WHITEN_EPS = 1e-8
 
 
 def _nan_mean_std(x: torch.Tensor, dim: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,8 +39,9 @@ def group_advantages(
     eps: float = 1e-4,
     *,
     estimator: str = "grpo",
+    completion_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Advantages ``(r - baseline) / (std + eps)``.
+    """Advantages ``(r - baseline) / (std + eps)``, or REINFORCE++-baseline's whitening.
 
     Args:
         rewards: (B*G,) total reward per completion; NaN marks a completion that no
@@ -47,6 +56,19 @@ def group_advantages(
             other completions of the group (leave-one-out, Ahmadian et al. 2024,
             arXiv:2402.14740; verl's ``rloo``), which is G/(G-1) times the GRPO
             difference. verl and TRL's RLOOTrainer do not divide: use scale_rewards "none".
+            ``"reinforce_plus_plus_baseline"`` (REINFORCE++ with a group baseline, Hu et al.,
+            arXiv:2501.03262; verl's estimator of that name): ``a_i = r_i - mean(group)``
+            (0 for the baseline when group_size is 1: the raw reward), then whitened over
+            every completion token of the batch, as verl whitens its (N, T) token tensor:
+            ``(a_i - mu) / sqrt(var + 1e-8)`` with ``mu = sum L_i a_i / L``,
+            ``var = sum L_i (a_i - mu)^2 / (L - 1)``, ``L = sum L_i``; the mean is not added
+            back. Needs ``completion_lengths`` and ``scale_rewards="batch"`` (the whitening
+            is its batch scaling); ``eps`` is not used. Fewer than 2 tokens in all: zeros
+            (verl raises).
+        completion_lengths: (B*G,) the tokens each completion's advantage applies to (its
+            loss tokens), or their (B*G, T) 0/1 mask; only the
+            ``reinforce_plus_plus_baseline`` estimator reads it. A completion with 0 tokens
+            or a NaN reward is left out of the whitening statistics and gets 0.
 
     Returns:
         (B*G,) advantages, finite everywhere.
@@ -61,6 +83,15 @@ def group_advantages(
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"estimator must be one of {ADVANTAGE_ESTIMATORS}, got {estimator!r}")
     out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    if estimator in TOKEN_WEIGHTED_ESTIMATORS:
+        lengths = _completion_lengths(completion_lengths, rewards.numel(), estimator)
+        if scale_rewards != "batch":
+            raise ValueError(
+                f"estimator {estimator!r} whitens over the batch's tokens itself: pass "
+                f"scale_rewards='batch', got {scale_rewards!r}"
+            )
+        adv = _reinforce_pp_baseline(rewards.double(), group_size, lengths.to(rewards.device))
+        return adv.to(out_dtype)
     # float64 statistics: with large rewards and a small spread (e.g. 349295, 349293,
     # 349284) float32 loses the differences to rounding and the group no longer sums to 0
     rewards = rewards.double()
@@ -76,6 +107,51 @@ def group_advantages(
         _, bstd = _nan_mean_std(rewards, dim=None)
         adv = adv / (torch.nan_to_num(bstd, nan=0.0) + eps)
     return torch.nan_to_num(adv.reshape(-1), nan=0.0).to(out_dtype)
+
+
+def _completion_lengths(lengths: torch.Tensor | None, n: int, estimator: str) -> torch.Tensor:
+    """(n,) float64 token counts from counts or an (n, T) mask."""
+    if lengths is None:
+        raise ValueError(
+            f"estimator {estimator!r} weighs each completion by its tokens: pass "
+            "completion_lengths, the (N,) token counts of the completions or their (N, T) mask"
+        )
+    if lengths.dim() == 2:
+        lengths = lengths.sum(dim=1)
+    if lengths.shape != (n,):
+        raise ValueError(
+            f"completion_lengths must be ({n},) or ({n}, T), got {tuple(lengths.shape)}"
+        )
+    if bool((lengths < 0).any()):
+        raise ValueError("completion_lengths must be >= 0")
+    return lengths.double()
+
+
+def _reinforce_pp_baseline(
+    rewards: torch.Tensor, group_size: int, lengths: torch.Tensor
+) -> torch.Tensor:
+    """REINFORCE++-baseline on float64 (N,) rewards and token counts: the group mean
+    subtracted (nothing for groups of one), then token-weighted whitening over the batch.
+    Each completion's score is constant over its tokens, so verl's whitening of the (N, T)
+    token tensor reduces to these sums weighted by the lengths."""
+    r = rewards.view(-1, group_size)
+    if group_size == 1:
+        adv = r.reshape(-1)
+    else:
+        mean, _ = _nan_mean_std(r, dim=1)
+        adv = (r - mean).reshape(-1)  # NaN where unscored
+    counted = ~torch.isnan(rewards) & (lengths > 0)
+    w = torch.where(counted, lengths, torch.zeros_like(lengths))
+    adv = torch.where(counted, adv, torch.zeros_like(adv))
+    total = w.sum()
+    if total < 2:  # no variance (verl raises): nothing to whiten
+        return torch.zeros_like(adv)
+    # verl divides the token sums by (count + 1e-8), which float32 rounds to the count
+    mu = (w * adv).sum() / total
+    var = (w * (adv - mu) ** 2).sum() / (total - 1)  # Bessel-corrected, over tokens
+    white = (adv - mu) * torch.rsqrt(var + _WHITEN_EPS)
+    # unscored or no tokens (verl: nothing to carry the advantage): 0
+    return torch.where(counted, white, torch.zeros_like(white))
 
 
 def group_reward_stats(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
@@ -104,12 +180,14 @@ def multi_objective_advantages(
     multi_objective_aggregation: str = "sum_then_normalize",
     estimator: str = "grpo",
     eps: float = 1e-4,
+    completion_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(N,) advantages from (N, F) rewards of F functions (NaN: the function does not apply
     to that completion) and their (F,) weights, as TRL computes them.
 
     ``sum_then_normalize``: the weighted sum of each row (``weighted_sum``), then
-    ``group_advantages`` with ``scale_rewards`` and ``estimator``.
+    ``group_advantages`` with ``scale_rewards``, ``estimator`` and ``completion_lengths``
+    (the (N,) token counts, which ``reinforce_plus_plus_baseline`` needs).
     ``normalize_then_sum`` (GDPO, arXiv:2601.05242): each function normalised within each
     group, ``(r_k - mean_k) / (std_k + eps)``, then the weighted sum, then normalised over
     the whole batch, ``(s - mean) / (std + eps)``; ``scale_rewards`` does not apply (as TRL),
@@ -127,7 +205,10 @@ def multi_objective_advantages(
         )
     if multi_objective_aggregation == "sum_then_normalize":
         total = weighted_sum(rewards_per_func, reward_weights)
-        return group_advantages(total, group_size, scale_rewards, eps, estimator=estimator)
+        return group_advantages(
+            total, group_size, scale_rewards, eps,
+            estimator=estimator, completion_lengths=completion_lengths,
+        )  # fmt: skip
     if estimator != "grpo":
         raise ValueError("normalize_then_sum uses the group mean baseline (estimator grpo)")
     N, F = rewards_per_func.shape

@@ -31,7 +31,7 @@ Rollout-engine mismatch (``sampling_is_weights``). When another engine (vLLM) sa
 completions, its probabilities differ slightly from the trainer's for the same weights, so
 the samples are slightly off-policy. Truncated importance sampling (Yao et al. 2025, "Your
 efficient RL framework secretly brings you off-policy RL training") multiplies each token's
-loss term by a detached weight
+policy term (not the KL term, as TRL) by a detached weight
 
     w_t = min(pi_trainer(y_t) / pi_engine(y_t), C)                 (token_truncate)
 
@@ -104,8 +104,9 @@ def policy_loss(
         num_tokens: completion tokens in the whole batch (``dapo``); default mask.sum().
         entropy: optional (N, T) token entropies, only reported.
         is_weights: optional (N, T) rollout-engine correction weights (see
-            ``sampling_is_weights``), multiplied into each token's loss term, no gradient
-            (vespo: folded into its sequence ratio instead).
+            ``sampling_is_weights``), multiplied into each token's policy term (not into
+            the KL term, as TRL), no gradient (vespo: folded into its sequence ratio
+            instead).
         delta: INTELLECT-2's upper clip of the unclipped ratio (grpo, bnpo, dr_grpo, dapo,
             luspo); None: off.
         sapo_temperature_pos, sapo_temperature_neg: SAPO's gate temperatures for
@@ -123,8 +124,10 @@ def policy_loss(
         ``(loss, metrics)``: scalar loss; metrics are detached scalars: ``kl``,
         ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/region_mean``
         (grpo, bnpo, dr_grpo, dapo, luspo), ``cispo_clip_ratio`` (cispo),
-        ``vespo/phi_seq_mean`` (vespo), ``entropy`` (when given), each a mean over
-        completion tokens.
+        ``vespo/phi_seq_mean`` (vespo), ``entropy`` (when given). As TRL counts them:
+        ``kl`` and ``entropy`` are means over completion tokens; the clip fractions are
+        means over completion tokens with token-level ratios and over sequences (all N
+        rows) with sequence-level ones; ``vespo/phi_seq_mean`` is a mean over sequences.
 
     Loss types beyond the clipped surrogate, as TRL computes them (r: the ratio, A: the
     advantage, sg: no gradient):
@@ -153,11 +156,11 @@ def policy_loss(
         per_token, adv, logp, old if sampling_logp is None else sampling_logp, mask, entropy,
         off_policy_mask_threshold, top_entropy_quantile,
     )  # fmt: skip
+    if is_weights is not None and loss_type != "vespo":  # the policy term only, as TRL
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
     kl = _k3(ref_logp, logp, ratio if use_bias_correction_kl else None)  # None without ref
     if beta > 0:
         per_token = per_token + beta * kl
-    if is_weights is not None and loss_type != "vespo":
-        per_token = per_token * is_weights.detach().to(per_token.dtype)
     per_token = per_token * mask
     loss = _aggregate(
         per_token, mask, tok_count, loss_type, max_completion_length, num_sequences, num_tokens
@@ -168,8 +171,18 @@ def policy_loss(
 
 
 def _all_metrics(loss_type, ratio, adv, mask, kl, entropy, extra, p):
-    metrics = _loss_metrics(ratio, adv, mask, kl, entropy, p["epsilon_low"], p["eps_high"])
-    return _type_metrics(loss_type, metrics, extra, adv, mask, p["eps_high"])
+    per_seq = p["level"] == "sequence"
+    metrics = _loss_metrics(ratio, adv, mask, kl, entropy, p["epsilon_low"], p["eps_high"], per_seq)
+    return _type_metrics(loss_type, metrics, extra, adv, mask, p["eps_high"], per_seq)
+
+
+def _fraction(flags: torch.Tensor, mask: torch.Tensor, per_seq: bool) -> torch.Tensor:
+    """Mean of (N, T) 0/1 ``flags``: over completion tokens, or, when the ratio is one per
+    sequence (``per_seq``), over the N sequences (TRL's count: every row, empty or not)."""
+    flags = flags.to(mask.dtype)
+    if per_seq:
+        return flags[:, 0].sum() / max(flags.shape[0], 1)
+    return (flags * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 def _check_args(loss_type, level, beta, ref_logp, rho, entropy) -> None:
@@ -233,18 +246,16 @@ def _terms(loss_type, logp, ratio, token_log_ratio, adv, mask, is_weights, p):
     return -torch.min(ratio * adv, clipped * adv), ratio, None
 
 
-def _type_metrics(loss_type, metrics, extra, adv, mask, eps_high: float):
+def _type_metrics(loss_type, metrics, extra, adv, mask, eps_high: float, per_seq: bool):
     """TRL's metric set per loss type: the clip fractions belong to the clipped surrogate;
     cispo reports the capped fraction, vespo the mean of its weights."""
     if loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "luspo"):
         return metrics
     out = {k: v for k, v in metrics.items() if not k.startswith("clip_ratio/")}
-    n_tok = mask.sum().clamp(min=1.0)
     if loss_type == "cispo":  # extra: the ratio
-        capped = ((extra > eps_high) & (adv > 0)).to(mask.dtype) * mask
-        out["cispo_clip_ratio"] = capped.sum() / n_tok
-    elif loss_type == "vespo":  # extra: phi (N, 1), a token mean like TRL's
-        out["vespo/phi_seq_mean"] = (extra * mask).sum() / n_tok
+        out["cispo_clip_ratio"] = _fraction((extra > eps_high) & (adv > 0), mask, per_seq)
+    elif loss_type == "vespo":  # extra: phi (N, 1), one weight per sequence: their mean
+        out["vespo/phi_seq_mean"] = extra.sum() / max(extra.shape[0], 1)
     return out
 
 
@@ -266,16 +277,17 @@ def _aggregate(per_token, mask, tok_count, loss_type, max_len, num_sequences, nu
     return per_token.sum() / denom  # dapo, cispo, vespo
 
 
-def _loss_metrics(ratio, adv, mask, kl, entropy, epsilon_low: float, eps_high: float):
-    """Token means of the clipped fractions, the KL and the entropy (detached scalars)."""
+def _loss_metrics(ratio, adv, mask, kl, entropy, epsilon_low: float, eps_high: float, per_seq):
+    """The clipped fractions (token or sequence means, ``_fraction``), and the token means
+    of the KL and the entropy (detached scalars)."""
     n_tok = mask.sum().clamp(min=1.0)
     a = adv.expand_as(ratio)
-    low = ((ratio < 1.0 - epsilon_low) & (a < 0)).to(mask.dtype) * mask
-    high = ((ratio > 1.0 + eps_high) & (a > 0)).to(mask.dtype) * mask
+    low = (ratio < 1.0 - epsilon_low) & (a < 0)
+    high = (ratio > 1.0 + eps_high) & (a > 0)
     metrics = {
-        "clip_ratio/low_mean": low.sum() / n_tok,
-        "clip_ratio/high_mean": high.sum() / n_tok,
-        "clip_ratio/region_mean": (low + high).sum() / n_tok,
+        "clip_ratio/low_mean": _fraction(low, mask, per_seq),
+        "clip_ratio/high_mean": _fraction(high, mask, per_seq),
+        "clip_ratio/region_mean": _fraction(low | high, mask, per_seq),
         "kl": (kl * mask).sum() / n_tok if kl is not None else torch.zeros((), device=mask.device),
     }
     if entropy is not None:

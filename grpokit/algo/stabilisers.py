@@ -85,38 +85,29 @@ def gamma_weights(
     return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-# loss types whose policy term is divided by the whole batch's token count
-TOKEN_NORMALISED = ("dapo", "cispo", "vespo")
-
-
 def entropy_bonus(
     entropy: torch.Tensor,
     mask: torch.Tensor,
     *,
-    loss_type: str,
     top_entropy_quantile: float = 1.0,
-    num_tokens: float | None = None,
     num_micro_batches: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This micro-batch's share of the mean token entropy H, as TRL computes it.
 
-    ``entropy`` must carry its gradient. Over the tokens the policy term uses (all
-    completion tokens, or the high-entropy ones when ``top_entropy_quantile`` < 1):
-    dapo / cispo / vespo: sum of entropies / ``num_tokens`` (completion tokens of the
-    whole batch, all ranks); other loss types: the micro-batch's mean entropy /
-    ``num_micro_batches`` (micro-batches of the step, all ranks). The loss subtracts
-    ``coef * term``. Returns ``(term, entropy sum, token count)``, the last two detached
-    (for ``AdaptiveEntropy``)."""
+    ``entropy`` must carry its gradient. The term is the mean entropy over the tokens the
+    policy term uses (all completion tokens, or the high-entropy ones when
+    ``top_entropy_quantile`` < 1) of this micro-batch, divided by ``num_micro_batches``
+    (micro-batches of the step, all ranks), the same for every loss type: it is not
+    rescaled to a loss type's policy normaliser (TRL since huggingface/trl#6648; before,
+    dapo / cispo / vespo divided the entropy sum by the batch's token count).
+    The loss subtracts ``coef * term``. Returns ``(term, entropy sum, token count)``, the
+    last two detached (for ``AdaptiveEntropy``)."""
     m = mask.to(entropy.dtype)
     if top_entropy_quantile < 1.0:
         m = m * high_entropy_mask(entropy, mask, top_entropy_quantile).to(m.dtype)
     total = (entropy * m).sum()
     count = m.sum()
-    if loss_type in TOKEN_NORMALISED:
-        denom = count.clamp(min=1.0) if num_tokens is None else float(max(num_tokens, 1))
-        term = total / denom
-    else:
-        term = total / count.clamp(min=1.0) / num_micro_batches
+    term = total / count.clamp(min=1.0) / num_micro_batches
     return term, total.detach(), count.detach()
 
 

@@ -15,6 +15,8 @@ SAMPLING_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "seque
 # what the group-relative advantage is divided by (advantages.group_advantages)
 SCALE_REWARDS = ("group", "batch", "none")
 # how the group baseline is formed (advantages.group_advantages)
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo")
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+# estimators whose statistics weigh each completion by its tokens: they need the lengths
+TOKEN_WEIGHTED_ESTIMATORS = ("reinforce_plus_plus_baseline",)
 # how several reward functions become one advantage (advantages.multi_objective_advantages)
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")

@@ -137,18 +137,34 @@ def test_informative_groups():
 
 
 # ----------------------------------------------------------------- the entropy bonus
-def test_entropy_bonus_normalisation_per_loss_type():
+def test_entropy_bonus_is_the_micro_batch_mean_for_every_loss_type():
+    """The bonus is the mean entropy of the micro-batch's counted tokens over the step's
+    micro-batches, whatever the loss type (dapo included: not the entropy sum over the
+    batch's token count, which TRL used before huggingface/trl#6648)."""
     ent = torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    term, s, n = entropy_bonus(ent, mask, loss_type="dapo", num_tokens=12)
-    assert term.item() == pytest.approx(6.0 / 12) and s.item() == 6.0 and n.item() == 3.0
-    term, _, _ = entropy_bonus(ent, mask, loss_type="grpo", num_micro_batches=4)
+    term, s, n = entropy_bonus(ent, mask)  # takes no loss type: one formula for all
+    assert term.item() == pytest.approx(2.0) and s.item() == 6.0 and n.item() == 3.0
+    term, _, _ = entropy_bonus(ent, mask, num_micro_batches=4)
     assert term.item() == pytest.approx(2.0 / 4)  # the micro-batch mean / micro-batches
     term.backward()
     assert ent.grad.flatten().tolist() == pytest.approx([1 / 12, 1 / 12, 0, 1 / 12, 0, 0])
-    term, s, n = entropy_bonus(ent, mask, loss_type="sapo", top_entropy_quantile=0.5)
+    term, s, n = entropy_bonus(ent, mask, top_entropy_quantile=0.5)
     assert (s.item(), n.item()) == (5.0, 2.0)  # median of 1, 2, 3 is 2: 2 and 3 are kept
     assert term.item() == pytest.approx(2.5)
+    term, _, _ = entropy_bonus(ent, mask, top_entropy_quantile=0.5)
+    assert term.item() == pytest.approx(2.5)  # the kept tokens' mean, not their sum / 3
+
+
+def test_entropy_bonus_of_uneven_micro_batches():
+    """Two micro-batches of 1 and 3 tokens (entropies 4 | 1, 1, 1): each adds its own mean
+    / 2, so the step's bonus is (4 + 1) / 2 = 2.5, not the token mean 7 / 4."""
+    a = torch.tensor([[4.0, 0.0, 0.0]])
+    b = torch.tensor([[1.0, 1.0, 1.0]])
+    ma, mb = torch.tensor([[1.0, 0.0, 0.0]]), torch.ones(1, 3)
+    ta, _, _ = entropy_bonus(a, ma, num_micro_batches=2)
+    tb, _, _ = entropy_bonus(b, mb, num_micro_batches=2)
+    assert ta.item() + tb.item() == pytest.approx(2.5)
 
 
 def test_adaptive_entropy_controller():

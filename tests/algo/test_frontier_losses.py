@@ -139,6 +139,57 @@ def test_bias_corrected_kl_is_multiplied_by_the_ratio():
     assert loss.item() == pytest.approx(0.1 * 2.0 * k3)
 
 
+def test_rollout_weights_scale_the_policy_term_not_the_kl_term():
+    """TRL multiplies the vLLM correction weight into the policy term before the KL term is
+    added: one token, ratio 1, A = 1, weight 0.5, logp = log 0.5 against ref 0."""
+    logp = torch.tensor([[math.log(0.5)]], dtype=torch.float64, requires_grad=True)
+    ref = torch.zeros(1, 1, dtype=torch.float64)
+    k3 = 2.0 - math.log(2.0) - 1.0  # exp(ref - logp) - (ref - logp) - 1
+    isw = torch.full((1, 1), 0.5, dtype=torch.float64)
+    loss, _ = policy_loss(
+        logp, None, ref, torch.tensor([1.0]), ONE, loss_type="dapo", beta=0.1, is_weights=isw
+    )
+    assert loss.item() == pytest.approx(-0.5 + 0.1 * k3)  # not 0.5 * (-1 + 0.1 * k3)
+    loss.backward()
+    # d/dlogp: -0.5 * A (the ratio's slope 1) + 0.1 * (1 - exp(ref - logp)) = -0.5 - 0.1
+    assert logp.grad.item() == pytest.approx(-0.5 + 0.1 * (1.0 - 2.0))
+
+
+def _seq_case():
+    """Three sequences of 3, 1 and 0 tokens; the first is off-policy by log 1.5 on each
+    token (sequence ratio 1.5), the others on-policy; all advantages > 0 but the last."""
+    logp = torch.tensor([[math.log(1.5)] * 3, [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    return logp, torch.zeros(3, 3), torch.tensor([1.0, 1.0, -1.0]), mask
+
+
+def test_sequence_level_clip_fractions_count_sequences():
+    logp, old, adv, mask = _seq_case()
+    _, m = policy_loss(logp, old, None, adv, mask, loss_type="grpo", epsilon_high=0.28)
+    assert m["clip_ratio/high_mean"].item() == pytest.approx(3 / 4)  # tokens: 3 of 4
+    _, m = policy_loss(
+        logp, old, None, adv, mask, loss_type="grpo", epsilon_high=0.28,
+        importance_sampling_level="sequence",
+    )  # fmt: skip
+    assert m["clip_ratio/high_mean"].item() == pytest.approx(1 / 3)  # sequences: 1 of 3
+    assert m["clip_ratio/region_mean"].item() == pytest.approx(1 / 3)
+    assert m["clip_ratio/low_mean"].item() == 0.0
+    _, m = policy_loss(
+        logp, old, None, adv, mask, loss_type="cispo", epsilon_high=1.2,
+        importance_sampling_level="sequence",
+    )  # fmt: skip
+    assert m["cispo_clip_ratio"].item() == pytest.approx(1 / 3)
+
+
+def test_vespo_weight_metric_is_a_mean_over_sequences():
+    logp, old, adv, mask = _seq_case()
+    _, m = policy_loss(logp, old, None, adv, mask, loss_type="vespo")
+    w = 1.5**3  # the sum of the first sequence's token log-ratios: w = 1.5^3
+    phi0 = math.exp(3.0 + 2.0 * math.log(w) - 3.0 * w)  # k 2, lam 3 (A >= 0)
+    # the on-policy rows (the empty one too: w = 1) have phi 1
+    assert m["vespo/phi_seq_mean"].item() == pytest.approx((phi0 + 1.0 + 1.0) / 3, rel=1e-5)
+
+
 # ----------------------------------------------------------------- the python-loop twin
 def _quantile(values, q):
     v = sorted(values)
@@ -195,11 +246,11 @@ def _naive(lp, old, ref, adv, mask, ent, samp, isw, o):
             term = _term(o, lp[i][t], r, adv[i], phi) * keep
             if thr is not None and not ent[i][t] >= thr:
                 term = 0.0
+            if isw is not None and o["loss_type"] != "vespo":
+                term *= isw[i][t]  # the policy term only: the KL term is not reweighted
             d = _clamp(ref[i][t] - lp[i][t], -20, 20)
             kl = math.exp(d) - d - 1
             term += o["beta"] * kl * (r if o["bias_kl"] else 1.0)
-            if isw is not None and o["loss_type"] != "vespo":
-                term *= isw[i][t]
             row += term
         total, count = total + row, count + len(idx)
         seq_means.append(row / max(len(idx), 1))
@@ -348,7 +399,7 @@ def test_existing_loss_types_unchanged_by_the_new_defaults():
         clipped = torch.clamp(ratio, 0.8, 1.2)
         A = adv[:, None]
         d = ref - logp
-        per = (-torch.min(ratio * A, clipped * A) + 0.04 * (torch.exp(d) - d - 1)) * isw * mask
+        per = (-torch.min(ratio * A, clipped * A) * isw + 0.04 * (torch.exp(d) - d - 1)) * mask
         if lt == "grpo":
             b = (per.sum(-1) / mask.sum(-1)).sum() / 5
         elif lt == "dr_grpo":

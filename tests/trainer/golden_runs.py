@@ -60,13 +60,28 @@ TINY_RUNS: dict[str, dict] = {
     # sync_ref_model is refused with LoRA (the reference is the adapter-off base), so the
     # TR-DPO mix has its own full fine-tuning run below
     "lora_beta_mu2": dict(
-        use_peft=True, lora_r=8, lora_alpha=16, learning_rate=1e-2, beta=0.04, num_iterations=2
+        use_peft=True,
+        lora_r=8,
+        lora_alpha=16,
+        learning_rate=1e-2,
+        beta=0.04,
+        num_iterations=2,
+        use_bias_correction_kl=False,  # written before the default became true (TRL's)
     ),
     "full_sync_ref": dict(
-        beta=0.1, num_iterations=2, sync_ref_model=True, ref_model_sync_steps=2, max_steps=6
+        beta=0.1,
+        num_iterations=2,
+        sync_ref_model=True,
+        ref_model_sync_steps=2,
+        max_steps=6,
+        use_bias_correction_kl=False,
     ),
     "bf16_speed_paths": dict(
-        bf16=True, beta=0.04, num_generations=3, per_device_train_batch_size=3
+        bf16=True,
+        beta=0.04,
+        num_generations=3,
+        per_device_train_batch_size=3,
+        use_bias_correction_kl=False,
     ),
 }
 

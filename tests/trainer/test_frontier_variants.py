@@ -54,6 +54,7 @@ VARIANTS = [
     {"off_policy_mask_threshold": 0.01, "num_iterations": 2},
     {"use_bias_correction_kl": True, "beta": 0.04, "num_iterations": 2},
     {"advantage_estimator": "rloo", "scale_rewards": "none"},
+    {"advantage_estimator": "reinforce_plus_plus_baseline", "scale_rewards": "batch"},
     {"multi_objective_aggregation": "normalize_then_sum"},
     {"entropy_coef": 0.01},
     {"use_adaptive_entropy": True, "entropy_coef": 0.01, "entropy_target": 10.0},
@@ -78,6 +79,62 @@ def test_variant_trains_two_steps(tmp_path, tiny_model_dir, kw):
         assert 0.0 <= rows[0]["dynamic_sampling/dropped_frac"] <= 1.0
 
 
+@pytest.mark.parametrize("G", [4, 1])
+def test_reinforce_pp_baseline_whitens_over_the_loss_tokens(
+    tmp_path, tiny_model_dir, monkeypatch, G
+):
+    """The round's advantages are the estimator's on the round's rewards and the loss-token
+    counts of the same rows (mask_truncated_completions zeroes the truncated ones); a group
+    of one (no baseline) trains too."""
+    import grpokit.trainer as trainer_mod
+    from grpokit.algo import group_advantages
+    from grpokit.scoring import combine
+
+    seen = []
+    real = trainer_mod.round_advantages
+
+    def record(rewards, weights, cfg, device, lengths=None):
+        out = real(rewards, weights, cfg, device, lengths=lengths)
+        seen.append((rewards, weights, lengths, out[2]))
+        return out
+
+    def hook(tr):
+        real_collect, real_generate = tr.collect_round, tr._generate_groups
+
+        def generate():  # completions of different lengths: an EOS in every even row
+            g = real_generate()
+            ro = g.rollout
+            for i in range(0, ro.completion_mask.shape[0], 2):
+                ro.completion_mask[i, 1 + (5 * i) % 11 :] = 0
+                ro.truncated[i] = False
+            return g
+
+        def collect():
+            batch, m, table = real_collect()
+            seen[-1] += (batch.loss_mask.sum(-1),)
+            return batch, m, table
+
+        tr.collect_round, tr._generate_groups = collect, generate
+
+    est = "reinforce_plus_plus_baseline"
+    monkeypatch.setattr(trainer_mod, "round_advantages", record)
+    _, rows = _run(
+        tmp_path, tiny_model_dir, f"rfpp{G}", trainer_hook=hook, advantage_estimator=est,
+        scale_rewards="batch", num_generations=G, max_completion_length=12,
+        mask_truncated_completions=True,
+    )  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2] and len(seen) == 2
+    for r in rows:
+        assert math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]), r
+    for rewards, weights, lengths, adv, loss_tokens in seen:
+        assert torch.equal(lengths, loss_tokens) and len(set(lengths.tolist())) > 2
+        expected = group_advantages(
+            combine(rewards, weights), G, "batch", estimator=est, completion_lengths=lengths
+        )
+        torch.testing.assert_close(adv, expected)
+        assert torch.all(adv[lengths == 0] == 0)
+
+
 def test_entropy_bonus_is_subtracted_from_the_logged_loss(tmp_path, tiny_model_dir):
     """dapo, one micro-batch: the step-1 loss is the policy loss minus coef * the mean token
     entropy (the same rollout, the model not yet updated)."""
@@ -87,6 +144,18 @@ def test_entropy_bonus_is_subtracted_from_the_logged_loss(tmp_path, tiny_model_d
     expected = plain[0]["loss"] - 0.5 * plain[0]["entropy"]
     assert bonus[0]["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert bonus[0]["entropy_coef"] == 0.5
+
+
+def test_entropy_bonus_through_the_fused_head_trains_as_the_model_head(tmp_path, tiny_model_dir):
+    """The fused head gives the entropies their gradient (no (N, T, V) logits): three steps
+    with a bonus log the same losses, gradient norms and entropies as the model's own head."""
+    kw = dict(max_steps=3, entropy_coef=0.5, per_device_train_batch_size=4, gradient_accumulation_steps=2)  # fmt: skip
+    _, fused = _run(tmp_path, tiny_model_dir, "fused", fused_logprobs=True, **kw)
+    _, plain = _run(tmp_path, tiny_model_dir, "plain", fused_logprobs=False, **kw)
+    for f, p in zip(fused, plain, strict=True):
+        assert f["reward"] == p["reward"]
+        for k in ("loss", "grad_norm", "entropy"):
+            assert f[k] == pytest.approx(p[k], rel=1e-4, abs=1e-6), k
 
 
 def test_adaptive_entropy_moves_the_coefficient_and_resumes(tmp_path, tiny_model_dir):
