@@ -59,6 +59,9 @@ def check_params(params: dict) -> str | None:
     return None
 
 
+DROPPED = "dynamic_sampling/dropped_frac"  # groups of equal rewards dynamic sampling dropped
+
+
 def _num(v: Any) -> float | None:
     """A metric as a float; None when missing or not finite (a tensor is read with float)."""
     if v is None or isinstance(v, (str, bool)):
@@ -247,11 +250,38 @@ class HealthMonitor:
                 f"the policy is near-deterministic because it solves the training prompts "
                 f"(train accuracy {acc:.0%}); further steps teach little: {SOLVED_ADVICE}"
             ), need  # fmt: skip
-        line = head + (
-            "the policy has become near-deterministic and its groups stop differing; lower "
-            "learning_rate, raise temperature, or add an entropy bonus (entropy_coef)"
+        return True, head + self._entropy_advice(m), need
+
+    def _entropy_advice(self, m) -> str:
+        """What to change for a collapsed entropy, given the bonus the run already has: an
+        adaptive bonus at its cap, a fixed one, or none; with the share of groups whose
+        rewards no longer differ when the step logged it."""
+        zero, dropped = _num(m.get("frac_reward_zero_std")), _num(m.get(DROPPED))
+        spread = (  # dynamic sampling: the kept groups all differ; what it dropped tells
+            f" ({dropped:.0%} of the sampled groups had equal rewards and were dropped)"
+            if dropped is not None
+            else ""
+            if zero is None
+            else f" ({zero:.0%} of this step's groups have equal rewards)"
         )
-        return True, line, need
+        coef, cap = _num(m.get("entropy_coef")), _num(self.s.get("entropy_coef_max"))
+        if self.s.get("use_adaptive_entropy"):
+            at_cap = coef is not None and cap is not None and coef >= cap - 1e-12
+            bonus = (
+                f"the adaptive entropy bonus is at its cap (entropy_coef {_g(coef)} = "
+                f"entropy_coef_max): raise entropy_coef_max or entropy_target"
+                if at_cap
+                else f"the adaptive entropy bonus (entropy_coef {_g(coef or 0.0)}) is still "
+                "rising towards entropy_target: raise entropy_coef_delta for a faster response"
+            )
+        elif _num(self.s.get("entropy_coef")):
+            bonus = f"raise the entropy bonus (entropy_coef, now {_g(self.s['entropy_coef'])})"
+        else:
+            bonus = "add an entropy bonus (entropy_coef, or use_adaptive_entropy: true)"
+        return (
+            f"the policy has become near-deterministic, so its groups differ less{spread}; "
+            f"{bonus}, lower learning_rate, or raise temperature"
+        )
 
     def _solved(self, m) -> float | None:
         """The step's train accuracy when it is at least solved_accuracy, else None."""

@@ -264,3 +264,27 @@ def test_entropy_bad_steps_must_be_consecutive():
     assert only(ev, "entropy_collapse") == []
     ev, h = feed([{"entropy": e} for e in start + [0.04, 0.05, 0.041, 0.079, 0.2, 0.2]])
     assert only(ev, "entropy_collapse") == [(6, True), (9, False)]  # 0.079: neither
+
+
+def test_entropy_advice_names_the_bonus_the_run_already_has():
+    # the default recipe's seed 0 of 2026-11-25: entropy ~0.05-0.06 with the adaptive bonus
+    # at its 0.05 cap, so "add an entropy bonus" would be wrong advice
+    rows = [{"entropy": e, "entropy_coef": c, "frac_reward_zero_std": 0.25}
+            for e, c in [(0.59, 0), (0.97, 0), (0.6, 0), (0.061, 0.05), (0.052, 0.05), (0.055, 0.05)]]  # fmt: skip
+    adaptive = {"use_adaptive_entropy": True, "entropy_coef_max": 0.05}
+    _, h = feed(rows, settings=adaptive)
+    line = h.active["entropy_collapse"]
+    assert "at its cap (entropy_coef 0.05 = entropy_coef_max)" in line
+    assert "raise entropy_coef_max or entropy_target" in line
+    assert "25% of this step's groups have equal rewards" in line
+    below_cap = [{**r, "entropy_coef": 0.02} for r in rows]
+    line = feed(below_cap, settings=adaptive)[1].active["entropy_collapse"]
+    assert "still rising towards entropy_target" in line and "entropy_coef 0.02" in line
+    line = feed(rows, settings={"entropy_coef": 0.01})[1].active["entropy_collapse"]
+    assert "raise the entropy bonus (entropy_coef, now 0.01)" in line
+    line = feed([{"entropy": r["entropy"]} for r in rows])[1].active["entropy_collapse"]
+    assert "add an entropy bonus (entropy_coef, or use_adaptive_entropy: true)" in line
+    assert "groups have equal rewards" not in line
+    dyn = [{**r, "frac_reward_zero_std": 0.0, "dynamic_sampling/dropped_frac": 0.25} for r in rows]
+    line = feed(dyn, settings=adaptive)[1].active["entropy_collapse"]
+    assert "25% of the sampled groups had equal rewards and were dropped" in line
