@@ -8,6 +8,7 @@ Only torch is imported at module level; transformers and peft load inside functi
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -54,6 +55,7 @@ class ResolvedModel:
     source: str  # a sentence for the user
     gguf_file: str | None = None
     revision: str | None = None  # the hub revision from_pretrained gets (hub ids only)
+    adapter: str | None = None  # a LoRA adapter directory applied (merged) on top of ``path``
 
 
 def cache_root() -> Path:
@@ -177,6 +179,8 @@ def _resolve_local(spec: str, revision: str | None) -> ResolvedModel | None:
             "directory" if p.is_dir() else "GGUF file",
         )
     if p.is_dir():
+        if (p / "adapter_config.json").is_file() and not (p / "config.json").is_file():
+            return _resolve_adapter(p)
         if not (p / "config.json").is_file():
             raise ModelSourceError(
                 f"{spec!r} is a directory without config.json; point at a "
@@ -197,6 +201,25 @@ def _resolve_local(spec: str, revision: str | None) -> ResolvedModel | None:
             "config.json), a .gguf file or a hub id"
         )
     return None
+
+
+def _resolve_adapter(p: Path) -> ResolvedModel:
+    """A LoRA adapter directory (a ``use_peft`` run's ``checkpoint-N``): its base model,
+    resolved as any spec, with the adapter to merge on top."""
+    try:
+        base = json.loads((p / "adapter_config.json").read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelSourceError(
+            f"{p} has an adapter_config.json without a readable base_model_name_or_path "
+            f"({type(e).__name__}); point at the run's merged final/ directory instead"
+        ) from None
+    if not isinstance(base, str) or not base or Path(base).resolve() == p.resolve():
+        raise ModelSourceError(
+            f"{p}: adapter_config.json names no base model ({base!r}); point at the run's "
+            "merged final/ directory instead"
+        )
+    res = resolve_model(base)
+    return replace(res, adapter=str(p), source=f"LoRA adapter {p} on {res.source}")
 
 
 def resolve_model(
@@ -337,6 +360,8 @@ def load_model_and_tokenizer(
     model = AutoModelForCausalLM.from_pretrained(
         res.path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **hub
     )
+    if res.adapter:
+        model = _merge_adapter(model, res, use_peft)
     if gradient_checkpointing:
         enable_checkpointing(model)
     if use_peft:
@@ -356,6 +381,18 @@ def load_model_and_tokenizer(
         if gradient_checkpointing:
             model.enable_input_require_grads()
     return model, tok, res
+
+
+def _merge_adapter(model, res: ResolvedModel, use_peft: bool):
+    """The base model with ``res.adapter``'s LoRA weights merged in (for eval / generate)."""
+    if use_peft:
+        raise ModelSourceError(
+            f"{res.adapter} is a LoRA adapter checkpoint; to continue that run use "
+            "--resume_from_checkpoint, or start a new LoRA run from its base model"
+        )
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, res.adapter).merge_and_unload()
 
 
 def save_final_model(
