@@ -257,13 +257,11 @@ class HealthMonitor:
         adaptive bonus at its cap, a fixed one, or none; with the share of groups whose
         rewards no longer differ when the step logged it."""
         zero, dropped = _num(m.get("frac_reward_zero_std")), _num(m.get(DROPPED))
-        spread = (  # dynamic sampling: the kept groups all differ; what it dropped tells
-            f" ({dropped:.0%} of the sampled groups had equal rewards and were dropped)"
-            if dropped is not None
-            else ""
-            if zero is None
-            else f" ({zero:.0%} of this step's groups have equal rewards)"
-        )
+        spread = ""
+        if dropped is not None:  # dynamic sampling: the kept groups all differ
+            spread = f" ({dropped:.0%} of the sampled groups had equal rewards and were dropped)"
+        elif zero is not None:
+            spread = f" ({zero:.0%} of this step's groups have equal rewards)"
         coef, cap = _num(m.get("entropy_coef")), _num(self.s.get("entropy_coef_max"))
         if self.s.get("use_adaptive_entropy"):
             at_cap = coef is not None and cap is not None and coef >= cap - 1e-12

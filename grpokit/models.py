@@ -346,6 +346,12 @@ def load_model_and_tokenizer(
         # transformers' "Loading weights" bar redraws with carriage returns: noise in a log file
         hf_logging.disable_progress_bar()
     res = resolve_model(spec, revision=revision)
+    if res.adapter and use_peft:  # refused before any weights load
+        raise ModelSourceError(
+            f"{res.adapter} is a LoRA adapter checkpoint; to continue that run use "
+            "grpokit train RECIPE --resume CHECKPOINT_DIR, or start a new LoRA run from its "
+            "base model"
+        )
     hub = {"revision": res.revision} if res.revision else {}
     tok = AutoTokenizer.from_pretrained(res.path, trust_remote_code=trust_remote_code, **hub)
     tok.padding_side = "left"
@@ -361,7 +367,7 @@ def load_model_and_tokenizer(
         res.path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **hub
     )
     if res.adapter:
-        model = _merge_adapter(model, res, use_peft)
+        model = _merge_adapter(model, res)
     if gradient_checkpointing:
         enable_checkpointing(model)
     if use_peft:
@@ -383,13 +389,8 @@ def load_model_and_tokenizer(
     return model, tok, res
 
 
-def _merge_adapter(model, res: ResolvedModel, use_peft: bool):
+def _merge_adapter(model, res: ResolvedModel):
     """The base model with ``res.adapter``'s LoRA weights merged in (for eval / generate)."""
-    if use_peft:
-        raise ModelSourceError(
-            f"{res.adapter} is a LoRA adapter checkpoint; to continue that run use "
-            "--resume_from_checkpoint, or start a new LoRA run from its base model"
-        )
     from peft import PeftModel
 
     return PeftModel.from_pretrained(model, res.adapter).merge_and_unload()

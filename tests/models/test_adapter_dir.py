@@ -53,5 +53,5 @@ def test_adapter_without_base_is_one_line(tmp_path):
 
 
 def test_adapter_checkpoint_refused_as_a_new_lora_start(adapter_dir):
-    with pytest.raises(ModelSourceError, match="--resume_from_checkpoint"):
+    with pytest.raises(ModelSourceError, match="--resume CHECKPOINT_DIR"):
         load_model_and_tokenizer(str(adapter_dir[0]), use_peft=True)
