@@ -346,12 +346,7 @@ def load_model_and_tokenizer(
         # transformers' "Loading weights" bar redraws with carriage returns: noise in a log file
         hf_logging.disable_progress_bar()
     res = resolve_model(spec, revision=revision)
-    if res.adapter and use_peft:  # refused before any weights load
-        raise ModelSourceError(
-            f"{res.adapter} is a LoRA adapter checkpoint; to continue that run use "
-            "grpokit train RECIPE --resume CHECKPOINT_DIR, or start a new LoRA run from its "
-            "base model"
-        )
+    _refuse_new_lora_on_adapter(res, use_peft)  # before any weights load
     hub = {"revision": res.revision} if res.revision else {}
     tok = AutoTokenizer.from_pretrained(res.path, trust_remote_code=trust_remote_code, **hub)
     tok.padding_side = "left"
@@ -366,8 +361,7 @@ def load_model_and_tokenizer(
     model = AutoModelForCausalLM.from_pretrained(
         res.path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **hub
     )
-    if res.adapter:
-        model = _merge_adapter(model, res)
+    model = _merge_adapter(model, res) if res.adapter else model
     if gradient_checkpointing:
         enable_checkpointing(model)
     if use_peft:
@@ -387,6 +381,15 @@ def load_model_and_tokenizer(
         if gradient_checkpointing:
             model.enable_input_require_grads()
     return model, tok, res
+
+
+def _refuse_new_lora_on_adapter(res: ResolvedModel, use_peft: bool) -> None:
+    if res.adapter and use_peft:
+        raise ModelSourceError(
+            f"{res.adapter} is a LoRA adapter checkpoint; to continue that run use "
+            "grpokit train RECIPE --resume CHECKPOINT_DIR, or start a new LoRA run from its "
+            "base model"
+        )
 
 
 def _merge_adapter(model, res: ResolvedModel):
