@@ -178,7 +178,7 @@ def run_child(mode: str, program: Program | str, stdin: str, lim: Limits) -> Res
             uid, nproc = -1, user_tasks() + lim.max_procs
         else:
             lease = UidLease()
-            uid, nproc = lease.uid, lim.max_procs
+            uid, nproc = lease.uid, lim.max_procs + lease.debris  # zombies still count
             if mode == "uid":
                 os.chown(stage, uid, uid)
         cmd = launcher_command(mode, stage, program.argv, uid, nproc, lim)

@@ -54,6 +54,23 @@ def pids_of(uid: int) -> list[int]:
     return out
 
 
+def tasks_by_uid(lo: int, hi: int) -> dict[int, int]:
+    """How many processes each uid in ``[lo, hi)`` owns, zombies included: a killed
+    process whose parent is gone waits for pid 1 to reap it (here about 1-2 s), and until
+    then it still counts against its uid's RLIMIT_NPROC. One stat of each /proc entry (its
+    owner is the process's effective uid, a zombie's too)."""
+    out: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                uid = os.stat(f"/proc/{d}").st_uid
+            except OSError:
+                continue
+            if lo <= uid < hi:
+                out[uid] = out.get(uid, 0) + 1
+    return out
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (not zombie) processes in process group ``pgid``."""
     out = []

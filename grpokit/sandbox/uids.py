@@ -12,7 +12,7 @@ import time
 
 from grpokit.sandbox.files import remove_files_of
 from grpokit.sandbox.levels import SandboxError
-from grpokit.sandbox.reap import kill_uid
+from grpokit.sandbox.reap import kill_uid, tasks_by_uid
 
 UID_BASE = int(os.environ.get("GRPOKIT_SANDBOX_UID_BASE", 0x70000000))
 UID_COUNT = 256
@@ -36,7 +36,14 @@ def sandbox_processes() -> list[int]:
 
 
 class UidLease:
-    """One dedicated uid, held through an exclusive file lock until ``release``."""
+    """One dedicated uid, held through an exclusive file lock until ``release``.
+
+    A uid is taken only if it owns no process at all, zombies included: the killed children
+    of the last run on it (a program that forked) wait for pid 1 to reap them, about 1-2 s
+    here, and until then they count against the uid's RLIMIT_NPROC, so a correct program
+    run on it could not fork and would score 0. Only when every free uid still has some is
+    one taken anyway, with ``debris`` (its leftover count) added to the run's process limit.
+    """
 
     cleaned: set[int] = set()  # uids this process has already swept for debris
 
@@ -48,21 +55,33 @@ class UidLease:
             raise SandboxError(f"{d} must be a directory owned by root with mode 700")
         start = random.randrange(UID_COUNT)
         while True:
-            for i in range(UID_COUNT):
-                uid = UID_BASE + (start + i) % UID_COUNT
-                fd = os.open(os.path.join(d, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                self.uid, self.fd = uid, fd
-                if uid not in UidLease.cleaned:  # a crashed earlier holder may have left debris
-                    kill_uid(uid)
-                    remove_files_of(uid)
-                    UidLease.cleaned.add(uid)
-                return
+            owned = tasks_by_uid(UID_BASE, UID_BASE + UID_COUNT)
+            for clean_only in (True, False):
+                for i in range(UID_COUNT):
+                    uid = UID_BASE + (start + i) % UID_COUNT
+                    if clean_only and owned.get(uid) or not self._take(d, uid, clean_only):
+                        continue
+                    return
             time.sleep(0.05)
+
+    def _take(self, d: str, uid: int, clean_only: bool) -> bool:
+        """Lock ``uid`` if no one holds it (and, with ``clean_only``, if it owns nothing)."""
+        fd = os.open(os.path.join(d, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        if uid not in UidLease.cleaned:  # a crashed earlier holder may have left debris
+            kill_uid(uid)
+            remove_files_of(uid)
+            UidLease.cleaned.add(uid)
+        debris = tasks_by_uid(uid, uid + 1).get(uid, 0)  # counted after the lock: final
+        if clean_only and debris:
+            os.close(fd)
+            return False
+        self.uid, self.fd, self.debris = uid, fd, debris
+        return True
 
     def release(self) -> None:
         os.close(self.fd)
