@@ -63,16 +63,21 @@ def _fired(status, key):
     return [e for e in status["health"]["events"] if e["alert"] == key and e["event"] == "fired"]
 
 
-def _check_fired(caplog, rows, status, key, text):
-    """The alert fired exactly once, its line says ``text``, and its metric is 1 from the
-    step it fired at (0 before it ever fired: absent)."""
+def _check_fired(caplog, rows, status, key, text, again=False):
+    """The alert fired exactly once (``again``: at least once, and a later firing only after
+    it cleared: a chaotic run may spike twice), its line says ``text``, and its metric is 1
+    from the step it first fired at (0 before it ever fired: absent)."""
     lines = _lines(caplog, key)
     fired = _fired(status, key)
-    assert len(fired) == 1, (key, status["health"]["events"])
+    events = [e["event"] for e in status["health"]["events"] if e["alert"] == key]
+    if again:
+        assert fired and all(a != b for a, b in zip(events, events[1:])), events
+    else:
+        assert len(fired) == 1, (key, status["health"]["events"])
     step = fired[0]["step"]
     assert lines[0] == fired[0]["line"] and lines[0].startswith(f"health {key} at step {step}: ")
     assert text in lines[0], lines[0]
-    assert len([ln for ln in lines if ln.startswith(f"health {key} at step ")]) == 1
+    assert len([ln for ln in lines if ln.startswith(f"health {key} at step ")]) == len(fired)
     assert [r[f"health/{key}"] for r in rows if r["step"] == step + 1] in ([], [1.0])
     for r in rows:
         if r["step"] < step:
@@ -150,7 +155,9 @@ def test_kl_spike(tmp_path, ending_model_dir, caplog):
         beta=0.04, learning_rate=0.1, lr_scheduler_type="linear", warmup_ratio=0.5,
         max_completion_length=24, max_steps=20, do_eval=False,
     )  # fmt: skip
-    step = _check_fired(caplog, rows, status, "kl_spike", "raise beta")
+    # again: with 2 threads this run spikes twice (steps 6 and 12, cleared at 9 and 14), with
+    # 1 thread once: the float sums of the two differ and the learning rate makes it chaotic
+    step = _check_fired(caplog, rows, status, "kl_spike", "raise beta", again=True)
     kl = [r["kl"] for r in rows]
     prev = sorted(kl[: step - 1][-20:])
     median = (prev[(len(prev) - 1) // 2] + prev[len(prev) // 2]) / 2
