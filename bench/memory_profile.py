@@ -3,6 +3,7 @@
     python bench/memory_profile.py --lengths 256,512,1024            # SmolLM2-135M, config (a)
     python bench/memory_profile.py --model tiny --lengths 512,2048   # the tests' tiny model
     python bench/memory_profile.py --lengths 1024 --max_micro_batch_tokens 0   # no token bound
+    python bench/memory_profile.py --lengths 128 --lora --generate  # configuration (c)
 
 Each length runs in its own subprocess (its peak RSS is the child's ``ru_maxrss``): the speed
 bench's configuration (a) in float32 (4 prompts x G=8, micro-batch 16 x accumulation 2, beta
@@ -78,6 +79,8 @@ def child(spec: dict) -> dict:
     extra = {}
     if spec["max_micro_batch_tokens"] is not None:
         extra["max_micro_batch_tokens"] = spec["max_micro_batch_tokens"]
+    if spec.get("lora"):  # bench/speed.py's configuration (c)
+        extra.update(use_peft=True, lora_r=16, lora_alpha=32, lora_dropout=0.05)
     cfg = GRPOConfig(
         model_name_or_path=model,
         task="arithmetic",
@@ -164,6 +167,9 @@ def main() -> int:
     ap.add_argument("--generate", action="store_true", help="decode for real (EOS masked)")
     ap.add_argument("--gradient_checkpointing", action="store_true")
     ap.add_argument(
+        "--lora", action="store_true", help="configuration (c): LoRA r 16, alpha 32, dropout 0.05"
+    )
+    ap.add_argument(
         "--max_micro_batch_tokens", type=int, default=None, help="default: the config's"
     )
     ap.add_argument(
@@ -188,6 +194,7 @@ def main() -> int:
             "length": L,
             "generate": a.generate,
             "gradient_checkpointing": a.gradient_checkpointing,
+            "lora": a.lora,
             "max_micro_batch_tokens": a.max_micro_batch_tokens,
             "micro_batches": a.micro_batches,
             "output_dir": str(work / f"L{L}"),
