@@ -15,6 +15,11 @@ differences from transformers are float rounding: a fused product sums in its ow
 ``tests/rollout/test_fastdecode.py`` checks the logits against transformers' forward and greedy
 tokens against the plain loop.
 
+A PEFT LoRA model decodes here too: each active adapter's ``scaling B A`` (PEFT's
+``get_delta_weight``) is added to the weights it fuses, once per rollout (dropout is off in
+eval), so LoRA generation costs what full fine-tuning's does. DoRA and other variants, LoRA
+biases and non-Linear targets keep the plain path.
+
 Anything else (other architectures, sliding windows shorter than the sequence, autocast,
 q/k norms) returns ``None`` from ``FastDecoder.build`` and the caller keeps the plain path.
 """
@@ -31,11 +36,10 @@ _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
 def why_unsupported(model, total_len: int) -> str | None:
     """Why ``FastDecoder`` cannot reproduce ``model`` over ``total_len`` positions (a short
     reason such as "architecture" or "sliding window"), or None when it can."""
+    model = _unwrapped(model)
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in _SUPPORTED:
         return "architecture"
-    if hasattr(model, "get_base_model") or hasattr(model, "peft_config"):
-        return "peft wrapper"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "layout"
@@ -55,28 +59,64 @@ def why_unsupported(model, total_len: int) -> str | None:
         if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
             return "q/k norms"
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            if type(getattr(attn, name, None)) is not torch.nn.Linear:
-                return f"{name} is not a plain Linear"
+            if _linear_parts(getattr(attn, name, None)) is None:
+                return f"{name} is not a plain or LoRA Linear"
         for name in ("gate_proj", "up_proj", "down_proj"):
-            if type(getattr(layer.mlp, name, None)) is not torch.nn.Linear:
-                return f"{name} is not a plain Linear"
-    head = getattr(model, "lm_head", None)
-    if type(head) is not torch.nn.Linear:
+            if _linear_parts(getattr(layer.mlp, name, None)) is None:
+                return f"{name} is not a plain or LoRA Linear"
+    if _linear_parts(getattr(model, "lm_head", None)) is None:
         return "lm_head"
     if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
         return "logit scaling"
     return None
 
 
+def _unwrapped(model):
+    """The transformers model inside a PEFT wrapper (its LoRA layers in place), else itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _linear_parts(mod) -> tuple[torch.nn.Linear, list[str]] | None:
+    """(the plain Linear, the LoRA adapters to add to its weight) of a plain ``Linear`` or
+    of PEFT's LoRA ``Linear`` (active adapters that are plain low-rank products: no DoRA or
+    other variant, no LoRA bias, not already merged); None for anything else."""
+    if type(mod) is torch.nn.Linear:
+        return mod, []
+    base = getattr(mod, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(mod, "get_delta_weight"):
+        return None
+    if getattr(mod, "disable_adapters", False):
+        return base, []
+    names = [a for a in mod.active_adapters if a in getattr(mod, "lora_A", {})]
+    for a in names:
+        if getattr(mod, "use_dora", {}).get(a) or getattr(mod, "lora_bias", {}).get(a):
+            return None
+        if getattr(mod, "lora_variant", {}).get(a) is not None:
+            return None
+    merged = set(getattr(mod, "merged_adapters", []))
+    return base, [a for a in names if a not in merged]
+
+
+def _weight(mod) -> torch.Tensor:
+    """``mod``'s effective weight: a LoRA layer's base weight plus ``scaling B A`` of each
+    active adapter (PEFT's own ``get_delta_weight``), computed once per rollout."""
+    base, adapters = _linear_parts(mod)
+    w = base.weight
+    for a in adapters:
+        w = w + mod.get_delta_weight(a).to(w.dtype)
+    return w
+
+
 def _cat_bias(mods, dtype, device) -> torch.Tensor | None:
-    if all(m.bias is None for m in mods):
+    bases = [_linear_parts(m)[0] for m in mods]
+    if all(b.bias is None for b in bases):
         return None
     return torch.cat(
         [
-            m.bias
-            if m.bias is not None
-            else torch.zeros(m.out_features, dtype=dtype, device=device)
-            for m in mods
+            b.bias
+            if b.bias is not None
+            else torch.zeros(b.out_features, dtype=dtype, device=device)
+            for b in bases
         ]
     )
 
@@ -119,6 +159,7 @@ class FastDecoder:
     rollout): they copy the model's current weights, so build again after an update."""
 
     def __init__(self, model):
+        model = _unwrapped(model)  # LoRA: each adapter merged into the fused weights below
         cfg = model.config
         inner = model.model
         self.model = model
@@ -132,12 +173,13 @@ class FastDecoder:
         self.norm_w = inner.norm.weight
         self.norm_eps = _eps(inner.norm)
         pack = _packer(model.lm_head.weight)
-        self.head = pack(model.lm_head.weight, model.lm_head.bias)
         self.layers = []
         with torch.no_grad():
+            head = _linear_parts(model.lm_head)[0]
+            self.head = pack(_weight(model.lm_head), head.bias)
             for layer in inner.layers:
                 a, m = layer.self_attn, layer.mlp
-                w = a.q_proj.weight
+                w = _linear_parts(a.q_proj)[0].weight
                 ly = _Layer()
                 ly.ln1, ly.eps1 = layer.input_layernorm.weight, _eps(layer.input_layernorm)
                 ly.ln2, ly.eps2 = (
@@ -145,17 +187,17 @@ class FastDecoder:
                     _eps(layer.post_attention_layernorm),
                 )
                 ly.qkv = pack(
-                    torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    torch.cat([_weight(a.q_proj), _weight(a.k_proj), _weight(a.v_proj)]),
                     _cat_bias([a.q_proj, a.k_proj, a.v_proj], w.dtype, w.device),
                 )
-                ly.o = pack(a.o_proj.weight, a.o_proj.bias)
+                ly.o = pack(_weight(a.o_proj), _linear_parts(a.o_proj)[0].bias)
                 ly.gu = pack(
-                    torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                    torch.cat([_weight(m.gate_proj), _weight(m.up_proj)]),
                     _cat_bias([m.gate_proj, m.up_proj], w.dtype, w.device),
                 )
-                ly.down = pack(m.down_proj.weight, m.down_proj.bias)
+                ly.down = pack(_weight(m.down_proj), _linear_parts(m.down_proj)[0].bias)
                 self.layers.append(ly)
-        self.inter = inner.layers[0].mlp.gate_proj.out_features
+        self.inter = _linear_parts(inner.layers[0].mlp.gate_proj)[0].out_features
         self._cos = self._sin = None
 
     @classmethod

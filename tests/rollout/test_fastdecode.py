@@ -146,6 +146,54 @@ def test_models_it_does_not_reproduce_are_left_alone():
     assert why_unsupported(mistral, 16) is None
     from peft import LoraConfig, get_peft_model
 
-    lora = get_peft_model(_model("llama"), LoraConfig(r=4, target_modules=["q_proj"]))
-    assert why_unsupported(lora, 100) is not None
-    assert why_unsupported(lora.get_base_model(), 100) is not None  # LoRA layers inside
+    dora = get_peft_model(
+        _model("llama"), LoraConfig(r=4, target_modules=["q_proj"], use_dora=True)
+    )
+    assert why_unsupported(dora, 100) == "q_proj is not a plain or LoRA Linear"
+
+
+def _lora(seed=1):
+    """The llama test model under a LoRA adapter on every linear layer, with lora_B drawn
+    non-zero (a fresh adapter's B is zero and would change nothing)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        _model("llama"),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear"),
+    )
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model.eval()
+
+
+def test_lora_adapters_are_merged_into_its_weights():
+    """A PEFT LoRA model decodes through the fused step with each adapter's ``s B A`` added
+    to the weights it fuses: logits equal the PeftModel's own forward; greedy tokens equal
+    the plain loop's; and the adapter matters (the base model's logits differ)."""
+    model = _lora()
+    assert why_unsupported(model, 100) is None
+    ids, mask, nxt_pos, cache = _prefilled(model)
+    _, _, _, cache_ref = _prefilled(model)
+    B, P = ids.shape
+    fast = FastDecoder.build(model, P + 5)
+    fast.rotary_tables(P + 5, torch.float32)
+    tok = torch.tensor([5, 17, 42])
+    mask[:, P] = 1
+    with torch.no_grad():
+        kw = dict(attention_mask=mask[:, : P + 1], position_ids=nxt_pos[:, None],
+                  cache_position=torch.tensor([P]), use_cache=True)  # fmt: skip
+        ref = model(input_ids=tok[:, None], **cache_kwarg(cache_ref), **kw).logits[:, -1]
+        with model.disable_adapter():
+            _, _, _, cache_base = _prefilled(model)
+            base = model(input_ids=tok[:, None], **cache_kwarg(cache_base), **kw).logits[:, -1]
+    keys, values = _layers(cache)
+    got = fast.step(tok, nxt_pos, keys, values, P, mask[:, : P + 1].bool())
+    torch.testing.assert_close(got, ref.float(), atol=1e-5, rtol=1e-5)
+    assert (got - base).abs().max() > 1e-2
+    ids, mask, _, _ = _prefilled(model, P=6, extra=0)
+    kw = dict(max_new_tokens=12, eos_ids=[3], pad_id=0, greedy=True, num_samples=2)
+    plain = sample(model, ids, mask, fused_decode=False, **kw)
+    assert torch.equal(sample(model, ids, mask, fused_decode=True, **kw), plain)
