@@ -128,8 +128,8 @@ def _packer(weight: torch.Tensor):
     which spares the reorder or packing that every plain ``F.linear`` call repeats for its
     few decode rows. Measured at 32 rows: bf16 1.5-1.9x faster a product, bit-identical to
     ``F.linear``; float32 on an AMD EPYC Zen 3 (AVX2), 2 threads, SmolLM2-135M's shapes:
-    1.3-1.7x faster per layer product and 2.0x on the 49,152-row output layer (28.5 -> 14.6
-    ms), a decode step ~98 -> ~60 ms, equal to ``F.linear`` within float rounding (its sums
+    1.15-1.7x faster per layer product and 1.8-2.0x on the 49,152-row output layer (two
+    runs of bench/decode_products.py: 28.5 -> 14.6 and 26.0 -> 14.2 ms), equal to ``F.linear`` within float rounding (its sums
     run in another order: ~1e-5 relative). Anything else: plain ``F.linear``."""
     mkldnn = getattr(torch.ops, "mkldnn", None)
     if (
