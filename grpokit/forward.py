@@ -23,6 +23,7 @@ from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
 from grpokit.rollout.kvcache import cache_kwarg, returned_cache
 from grpokit.speed.attention import shared_mask_attention
+from grpokit.speed.layers import lean_mlps
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
@@ -147,8 +148,11 @@ class LogProbs:
             self.train_positions += u * (pk - 1) + n * (ck + 1)
         # one float mask per forward, not one per layer; checkpointed layers recompute
         # their forward in the backward, outside this block: they keep transformers' path
-        sharing = contextlib.nullcontext() if is_checkpointing(model) else shared_mask_attention()
-        with sharing:
+        checkpointed = is_checkpointing(model)
+        sharing = contextlib.nullcontext() if checkpointed else shared_mask_attention()
+        # gated MLPs keep one (tokens, intermediate) tensor a layer fewer for the backward
+        lean = lean_mlps(model, enabled=torch.is_grad_enabled() and not checkpointed)
+        with sharing, lean:
             if shared is not None:
                 out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
             else:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -368,16 +369,16 @@ def load_model_and_tokenizer(
         from peft import LoraConfig, get_peft_model
 
         targets = lora_target_modules or "all-linear"
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=lora_r,
-                lora_alpha=lora_alpha,
-                lora_dropout=lora_dropout,
-                target_modules=targets,
-                task_type="CAUSAL_LM",
-            ),
+        lora = LoraConfig(
+            r=lora_r,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
         )
+        with warnings.catch_warnings():  # peft reads transformers' deprecated property name
+            warnings.filterwarnings("ignore", ".*is_gradient_checkpointing", FutureWarning)
+            model = get_peft_model(model, lora)
         if gradient_checkpointing:
             model.enable_input_require_grads()
     return model, tok, res

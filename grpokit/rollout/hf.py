@@ -11,6 +11,7 @@ from grpokit.rollout.base import Rollout, SamplingParams, completion_mask_from_e
 from grpokit.rollout.sampler import sample
 from grpokit.rollout.stops import StopStrings, turn_segments
 from grpokit.speed.prefix import MIN_SHARED_PREFIX
+from grpokit.speed.weights import effective_weight
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -221,20 +222,14 @@ class HFRolloutEngine:
 
 def merged_lora_state_dict(base) -> dict[str, torch.Tensor]:
     """``base``'s state dict under the plain architecture's names, each LoRA layer's active
-    adapters merged in (W + scaling * B @ A, computed in fp32). The policy's own weights are
-    never modified (no merge/unmerge round trip)."""
+    adapters merged in (W + scaling * B @ A, computed in fp32; see
+    ``grpokit.speed.weights.effective_weight``, which refuses DoRA and other variants). The
+    policy's own weights are never modified (no merge/unmerge round trip)."""
     src = base.state_dict()
     merged = {k.replace(".base_layer.", "."): v for k, v in src.items() if "lora_" not in k}
     for name, mod in base.named_modules():
-        if not (hasattr(mod, "get_delta_weight") and hasattr(mod, "base_layer")):
-            continue
-        if getattr(mod, "merged", False):
-            continue  # already merged into base_layer.weight
-        w = merged[f"{name}.weight"].float()
-        for a in getattr(mod, "active_adapters", []):
-            if a in getattr(mod, "lora_A", {}):
-                w = w + mod.get_delta_weight(a).float()
-        merged[f"{name}.weight"] = w
+        if hasattr(mod, "get_delta_weight") and hasattr(mod, "base_layer"):
+            merged[f"{name}.weight"] = effective_weight(mod, torch.float32)
     return merged
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grpokit.speed.weights import effective_weight, linear_parts
+
 _SUPPORTED = ("llama", "mistral", "qwen2")
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
 
@@ -59,12 +61,12 @@ def why_unsupported(model, total_len: int) -> str | None:
         if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
             return "q/k norms"
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            if _linear_parts(getattr(attn, name, None)) is None:
+            if linear_parts(getattr(attn, name, None)) is None:
                 return f"{name} is not a plain or LoRA Linear"
         for name in ("gate_proj", "up_proj", "down_proj"):
-            if _linear_parts(getattr(layer.mlp, name, None)) is None:
+            if linear_parts(getattr(layer.mlp, name, None)) is None:
                 return f"{name} is not a plain or LoRA Linear"
-    if _linear_parts(getattr(model, "lm_head", None)) is None:
+    if linear_parts(getattr(model, "lm_head", None)) is None:
         return "lm_head"
     if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
         return "logit scaling"
@@ -76,39 +78,8 @@ def _unwrapped(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _linear_parts(mod) -> tuple[torch.nn.Linear, list[str]] | None:
-    """(the plain Linear, the LoRA adapters to add to its weight) of a plain ``Linear`` or
-    of PEFT's LoRA ``Linear`` (active adapters that are plain low-rank products: no DoRA or
-    other variant, no LoRA bias, not already merged); None for anything else."""
-    if type(mod) is torch.nn.Linear:
-        return mod, []
-    base = getattr(mod, "base_layer", None)
-    if type(base) is not torch.nn.Linear or not hasattr(mod, "get_delta_weight"):
-        return None
-    if getattr(mod, "disable_adapters", False):
-        return base, []
-    names = [a for a in mod.active_adapters if a in getattr(mod, "lora_A", {})]
-    for a in names:
-        if getattr(mod, "use_dora", {}).get(a) or getattr(mod, "lora_bias", {}).get(a):
-            return None
-        if getattr(mod, "lora_variant", {}).get(a) is not None:
-            return None
-    merged = set(getattr(mod, "merged_adapters", []))
-    return base, [a for a in names if a not in merged]
-
-
-def _weight(mod) -> torch.Tensor:
-    """``mod``'s effective weight: a LoRA layer's base weight plus ``scaling B A`` of each
-    active adapter (PEFT's own ``get_delta_weight``), computed once per rollout."""
-    base, adapters = _linear_parts(mod)
-    w = base.weight
-    for a in adapters:
-        w = w + mod.get_delta_weight(a).to(w.dtype)
-    return w
-
-
 def _cat_bias(mods, dtype, device) -> torch.Tensor | None:
-    bases = [_linear_parts(m)[0] for m in mods]
+    bases = [linear_parts(m)[0] for m in mods]
     if all(b.bias is None for b in bases):
         return None
     return torch.cat(
@@ -175,11 +146,11 @@ class FastDecoder:
         pack = _packer(model.lm_head.weight)
         self.layers = []
         with torch.no_grad():
-            head = _linear_parts(model.lm_head)[0]
-            self.head = pack(_weight(model.lm_head), head.bias)
+            head = linear_parts(model.lm_head)[0]
+            self.head = pack(effective_weight(model.lm_head), head.bias)
             for layer in inner.layers:
                 a, m = layer.self_attn, layer.mlp
-                w = _linear_parts(a.q_proj)[0].weight
+                w = linear_parts(a.q_proj)[0].weight
                 ly = _Layer()
                 ly.ln1, ly.eps1 = layer.input_layernorm.weight, _eps(layer.input_layernorm)
                 ly.ln2, ly.eps2 = (
@@ -187,17 +158,23 @@ class FastDecoder:
                     _eps(layer.post_attention_layernorm),
                 )
                 ly.qkv = pack(
-                    torch.cat([_weight(a.q_proj), _weight(a.k_proj), _weight(a.v_proj)]),
+                    torch.cat(
+                        [
+                            effective_weight(a.q_proj),
+                            effective_weight(a.k_proj),
+                            effective_weight(a.v_proj),
+                        ]
+                    ),
                     _cat_bias([a.q_proj, a.k_proj, a.v_proj], w.dtype, w.device),
                 )
-                ly.o = pack(_weight(a.o_proj), _linear_parts(a.o_proj)[0].bias)
+                ly.o = pack(effective_weight(a.o_proj), linear_parts(a.o_proj)[0].bias)
                 ly.gu = pack(
-                    torch.cat([_weight(m.gate_proj), _weight(m.up_proj)]),
+                    torch.cat([effective_weight(m.gate_proj), effective_weight(m.up_proj)]),
                     _cat_bias([m.gate_proj, m.up_proj], w.dtype, w.device),
                 )
-                ly.down = pack(_weight(m.down_proj), _linear_parts(m.down_proj)[0].bias)
+                ly.down = pack(effective_weight(m.down_proj), linear_parts(m.down_proj)[0].bias)
                 self.layers.append(ly)
-        self.inter = _linear_parts(inner.layers[0].mlp.gate_proj)[0].out_features
+        self.inter = linear_parts(inner.layers[0].mlp.gate_proj)[0].out_features
         self._cos = self._sin = None
 
     @classmethod

@@ -45,3 +45,44 @@ def lower_frozen_linears(model, dtype: torch.dtype) -> int:
             m.to(dtype)
         n += 1
     return n
+
+
+def linear_parts(mod) -> tuple[torch.nn.Linear, list[str]] | None:
+    """(the plain Linear, the LoRA adapters to add to its weight) of a plain ``Linear`` or
+    of PEFT's LoRA ``Linear`` (its active adapters that are plain low-rank products and not
+    already merged); None for anything else, including an adapter with DoRA, a LoRA bias or
+    another variant, whose effect is not ``W + scaling B A``."""
+    if type(mod) is torch.nn.Linear:
+        return mod, []
+    base = getattr(mod, "base_layer", None)
+    if type(base) is not torch.nn.Linear or not hasattr(mod, "get_delta_weight"):
+        return None
+    if getattr(mod, "disable_adapters", False):
+        return base, []
+    names = [a for a in mod.active_adapters if a in getattr(mod, "lora_A", {})]
+    for a in names:
+        if getattr(mod, "use_dora", {}).get(a) or getattr(mod, "lora_bias", {}).get(a):
+            return None
+        if getattr(mod, "lora_variant", {}).get(a) is not None:
+            return None
+    merged = set(getattr(mod, "merged_adapters", []))
+    return base, [a for a in names if a not in merged]
+
+
+def effective_weight(mod, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The weight a plain or LoRA ``Linear`` (see ``linear_parts``) multiplies by: a LoRA
+    layer's base weight plus ``scaling B A`` of each of its active adapters (PEFT's own
+    ``get_delta_weight``), summed in ``dtype`` (default: the base weight's). The layer is
+    not modified (no merge / unmerge round trip)."""
+    parts = linear_parts(mod)
+    if parts is None:
+        raise ValueError(
+            f"{type(mod).__name__} is not a plain Linear or a plain LoRA Linear (DoRA, LoRA "
+            "bias and other adapter variants cannot be merged into one weight here)"
+        )
+    base, adapters = parts
+    with torch.no_grad():
+        w = base.weight.detach() if dtype is None else base.weight.detach().to(dtype)
+        for a in adapters:
+            w = w + mod.get_delta_weight(a).to(w.dtype)
+    return w

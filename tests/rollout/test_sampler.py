@@ -5,6 +5,7 @@ sampled tokens that the training forward reproduces."""
 
 import copy
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.generation.logits_process import (
@@ -343,3 +344,22 @@ def test_bf16_sampling_copy_merges_lora(tiny_model_dir):
     eng.generate(ids, mask, params)
     want = (base_w + q.get_delta_weight("default")).to(torch.bfloat16)
     assert torch.equal(eng.sampling_copy.model.layers[0].self_attn.q_proj.weight, want)
+
+
+def test_merged_weights_refuse_an_adapter_that_is_not_w_plus_ba(tiny_model_dir):
+    """DoRA rescales each output column by a learned magnitude: merging it as W + s B A (what
+    the sampling copy and the vLLM weight sync send) would sample from another model."""
+    from peft import LoraConfig, get_peft_model
+
+    from grpokit.rollout.hf import merged_lora_state_dict
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    plain = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"]))
+    sd = merged_lora_state_dict(plain.get_base_model())
+    assert not any("lora_" in k or "base_layer" in k for k in sd)
+    dora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, target_modules=["q_proj"], use_dora=True),
+    )
+    with pytest.raises(ValueError, match="DoRA"):
+        merged_lora_state_dict(dora.get_base_model())
