@@ -21,7 +21,9 @@ PROCESS_BASELINE_BYTES = int(0.4 * GB)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def activation_bytes_per_token_layer(m: ModelShape, s: int, autocast: bool) -> int:
+def activation_bytes_per_token_layer(
+    m: ModelShape, s: int, autocast: bool, lean: bool = False
+) -> int:
     """Bytes one decoder layer keeps for backward, per token (no gradient checkpointing).
 
     With h hidden, a/k query/kv heads, d head_dim, I intermediate, s the activation bytes
@@ -32,12 +34,15 @@ def activation_bytes_per_token_layer(m: ModelShape, s: int, autocast: bool) -> i
 
     3*a*d: q before and after RoPE and the attention output (= o_proj input); 3*k*d: k
     before and after RoPE, and v (SDPA runs GQA without expanding k/v and keeps no (T, T)
-    score matrix); 4*I: gate and up outputs, silu(gate), and the product (down_proj input);
-    each RMSNorm keeps its fp32 input and normalised output.
+    score matrix); 4*I: gate and up outputs, silu(gate), and the product (down_proj input),
+    3*I when ``lean`` and the model's MLP is a gated SiLU (``grpokit.speed.layers``
+    recomputes silu(gate) in the backward); each RMSNorm keeps its fp32 input and normalised
+    output.
     """
     h, a, k, d, ffn = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate_size
     c_qkv, c_mlp = (3, 2) if autocast else (1, 1)
-    return s * (c_qkv * h + 3 * a * d + 3 * k * d + c_mlp * h + 4 * ffn) + 2 * 2 * h * 4
+    n_ffn = 3 if lean and m.gated_silu else 4
+    return s * (c_qkv * h + 3 * a * d + 3 * k * d + c_mlp * h + n_ffn * ffn) + 2 * 2 * h * 4
 
 
 def logits_bytes(batch: int, completion: int, vocab: int, s: int) -> int:
@@ -75,10 +80,11 @@ def training_activations(
 ) -> tuple[int, int]:
     """Activations one forward of B sequences of T tokens keeps for backward:
     (without gradient checkpointing, with it). Without: L * per-token-layer bytes * B * T.
-    With: each layer's input (fp32 under autocast) plus one layer's activations recomputed."""
+    With: each layer's input (fp32 under autocast) plus one layer's activations recomputed
+    (by transformers' own layers, so without the lean MLP)."""
     B, L = forward_rows(cfg, T), m.num_layers
     per_tok = activation_bytes_per_token_layer(m, s, autocast)
-    full = L * per_tok * B * T
+    full = L * activation_bytes_per_token_layer(m, s, autocast, lean=True) * B * T
     ckpt = L * B * T * m.hidden_size * (4 if autocast else s) + per_tok * B * T
     return full, ckpt
 

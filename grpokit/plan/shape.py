@@ -43,6 +43,12 @@ class PlanError(ValueError):
     """The model's shape cannot be read; the message says why and what to do."""
 
 
+# transformers' classes whose MLP is Llama's gated one (``grpokit.speed.layers``)
+GATED_SILU_MODEL_TYPES = frozenset(
+    ("llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "olmo2")
+)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the estimate needs from a decoder-only transformer's config.json."""
@@ -59,6 +65,7 @@ class ModelShape:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3-style per-head RMSNorm on q and k
+    gated_silu: bool = False  # Llama's MLP, down(silu(gate(x)) * up(x)) (speed/layers.py)
     dtype: str = "float32"  # the checkpoint's torch_dtype (used by torch_dtype: auto)
     model_type: str = "llama"
     source: str = ""
@@ -84,6 +91,8 @@ class ModelShape:
                 o_bias=bool(d.get("attention_bias", False)),
                 mlp_bias=bool(d.get("mlp_bias", False)),
                 qk_norm=mt.startswith("qwen3"),
+                gated_silu=mt in GATED_SILU_MODEL_TYPES
+                and d.get("hidden_act", "silu") in ("silu", "swish"),
                 dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
                 model_type=mt,
                 source=source,

@@ -1,6 +1,7 @@
 """grpokit plan: batch arithmetic on hand-computed configs, parameter counts against built
 models, LoRA counts against peft, memory terms against their formulas, and the CLI."""
 
+import dataclasses
 import json
 
 import pytest
@@ -219,3 +220,34 @@ def test_cli_plan_unreadable_model(capsys, monkeypatch):
     )
     err = capsys.readouterr().err
     assert "cannot read the config of 'nobody/no-such-model'" in err
+
+
+def test_gated_silu_mlp_keeps_one_intermediate_tensor_fewer():
+    """The training forward's lean MLP (grpokit.speed.layers) keeps gate and up, not
+    silu(gate): 3 intermediate-sized tensors a token a layer instead of 4, checkpointing
+    aside (its recompute runs transformers' own layers)."""
+    d = {
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+    }
+    lean = ModelShape.from_config(d)
+    assert lean.gated_silu
+    assert not ModelShape.from_config({**d, "hidden_act": "gelu"}).gated_silu
+    assert not ModelShape.from_config({**d, "model_type": "gemma"}).gated_silu
+    c = cfg(
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_prompt_length=10,
+        max_completion_length=6,
+    )
+    plain = dataclasses.replace(lean, gated_silu=False)
+    m, p = estimate_memory(c, lean), estimate_memory(c, plain)
+    assert p["activations"] - m["activations"] == 2 * 4 * 128 * 4 * 16  # L x s x I x B x T
+    g = cfg(**{**c.to_dict(), "gradient_checkpointing": True})
+    assert estimate_memory(g, lean)["activations"] == estimate_memory(g, plain)["activations"]
