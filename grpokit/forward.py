@@ -23,7 +23,7 @@ from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
 from grpokit.rollout.kvcache import cache_kwarg, returned_cache
 from grpokit.speed.attention import shared_mask_attention
-from grpokit.speed.layers import lean_mlps
+from grpokit.speed.layers import lean_layers
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
@@ -150,8 +150,8 @@ class LogProbs:
         # their forward in the backward, outside this block: they keep transformers' path
         checkpointed = is_checkpointing(model)
         sharing = contextlib.nullcontext() if checkpointed else shared_mask_attention()
-        # gated MLPs keep one (tokens, intermediate) tensor a layer fewer for the backward
-        lean = lean_mlps(model, enabled=torch.is_grad_enabled() and not checkpointed)
+        # gated MLPs and LoRA dropout keep fewer tensors for the backward (speed/layers.py)
+        lean = lean_layers(model, enabled=torch.is_grad_enabled() and not checkpointed)
         with sharing, lean:
             if shared is not None:
                 out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)

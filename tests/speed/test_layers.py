@@ -12,7 +12,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from grpokit.speed.layers import gated_silu_mlps, lean_mlps
+from grpokit.speed.layers import gated_silu_mlps, lean_layers
 
 SHAPE = dict(
     vocab_size=97,
@@ -41,19 +41,21 @@ def _llama(lora: bool = False):
 
 def _run(model, ids, lean: bool, amp: bool):
     model.zero_grad(set_to_none=True)
-    saved = []
+    saved = {}  # distinct tensors kept for the backward, the weights aside
+    params = {p.data_ptr() for p in model.parameters()}
 
     def pack(t):
-        saved.append(t.numel() * t.element_size())
+        if t.data_ptr() not in params:
+            saved[(t.data_ptr(), t.shape, t.dtype)] = t.numel() * t.element_size()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with lean_mlps(model, enabled=lean), torch.autocast("cpu", torch.bfloat16, enabled=amp):
+        with lean_layers(model, enabled=lean), torch.autocast("cpu", torch.bfloat16, enabled=amp):
             out = model(input_ids=ids).logits
     loss = (out.float() ** 2).mean()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return out.detach(), grads, sum(saved)
+    return out.detach(), grads, sum(saved.values())
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
@@ -83,5 +85,67 @@ def test_which_mlps_it_takes():
     assert gated_silu_mlps(gelu) == []  # another activation
     gemma = GemmaForCausalLM(GemmaConfig(**SHAPE, head_dim=8))
     assert gated_silu_mlps(gemma) == []  # gelu (tanh)
-    with lean_mlps(_llama(), enabled=False) as n:
+    with lean_layers(_llama(), enabled=False) as n:
         assert n == 0
+
+
+def _lora_dropout_model(p=0.3):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(
+        LlamaForCausalLM(LlamaConfig(**SHAPE)),
+        LoraConfig(r=4, lora_alpha=8, lora_dropout=p, target_modules="all-linear"),
+    )
+    with torch.no_grad():
+        for n, q in model.named_parameters():
+            if "lora_B" in n:
+                q.normal_(0, 0.1)
+    return model.train()
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
+def test_lora_dropout_draws_the_same_noise_and_keeps_less(amp):
+    """PEFT's LoRA dropout keeps its noise and output per layer; the lean layer keeps the
+    input and the generator's state: the same outputs and random stream, the same gradients
+    up to summation order, 2 x (tokens x in_features) floats a layer fewer, less the inputs
+    it keeps (one per distinct input: q/k/v share one, gate/up another)."""
+    model = _lora_dropout_model()
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(5)
+    out0, g0, kept0 = _run(model, ids, lean=False, amp=amp)
+    after0 = torch.get_rng_state()
+    torch.manual_seed(5)
+    out1, g1, kept1 = _run(model, ids, lean=True, amp=amp)
+    assert torch.equal(torch.get_rng_state(), after0)  # the same draws, the same stream after
+    assert torch.equal(out0, out1)
+    assert g0.keys() == g1.keys() and all("lora_" in n for n in g0)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-5, atol=1e-6 if not amp else 1e-3)
+    torch.manual_seed(5)
+    out2 = model(input_ids=ids).logits  # dropout is really on: another draw, other logits
+    assert not torch.equal(out2, model(input_ids=ids).logits)
+    # what the dropout costs: PEFT keeps its noise and dropped input in every adapted layer;
+    # the lean layer keeps the layer's input, which the adapter keeps anyway without dropout
+    L = SHAPE["num_hidden_layers"]
+    no_drop = _lora_dropout_model(p=0.0)
+    _, _, peft0 = _run(no_drop, ids, lean=False, amp=amp)
+    _, _, lean0 = _run(no_drop, ids, lean=True, amp=amp)
+    assert kept0 - peft0 > 3 * 11 * SHAPE["hidden_size"] * 4 * L
+    if amp:  # the fp32 inputs where the adapter alone keeps their bf16 casts
+        assert 0 < kept1 - lean0 < (kept0 - peft0) / 10
+    else:
+        assert kept1 == lean0  # dropout costs nothing kept
+    assert len(gated_silu_mlps(model)) == L
+
+
+def test_no_lean_lora_without_dropout_or_with_two_adapters():
+    from grpokit.speed.layers import lean_loras
+
+    model = _lora_dropout_model(p=0.0)
+    assert len(lean_loras(model)) == 3 * 7  # every adapted layer: the plain path is also PEFT's
+    from peft import LoraConfig
+
+    model.add_adapter("second", LoraConfig(r=2, target_modules=["q_proj"]))
+    model.base_model.set_adapter(["default", "second"])
+    assert len(lean_loras(model)) == 3 * 6  # q_proj runs two adapters: PEFT's own forward
