@@ -14,9 +14,9 @@ A PEFT LoRA layer with dropout keeps, through PEFT's own forward, the dropout's 
 its output, two (tokens, in_features) float tensors per adapted layer: for SmolLM2-135M with
 ``lora_dropout`` 0.05 on every linear layer, 28 KiB a token a layer on top of the 44 KiB of
 the model's own activations (measured with ``saved_tensors_hooks``). :class:`DropoutLinear`
-keeps the layer's input (shared by q/k/v and by gate/up) and the random generator's state,
-and draws the same noise again in the backward: the same forward values and the same random
-stream; gradients equal up to the order of float summation.
+keeps the layer's input (shared by q/k/v and by gate/up, kept by the adapter anyway) and a
+one-byte mask: the same forward values and the same random stream; gradients equal up to the
+order of float summation.
 
 :func:`lean_layers` swaps both into a model for the duration of a block: the MLPs whose
 forward is Llama's (Llama, Mistral, Qwen2/3, SmolLM3, OLMo share it, checked by its code) and
@@ -59,28 +59,30 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 class DropoutLinear(torch.autograd.Function):
-    """``F.linear(dropout(x, p), w)`` (a LoRA adapter's ``lora_A(lora_dropout(x))``) that keeps
-    ``x`` and the random generator's state for the backward instead of the dropout's noise
-    and its output: both (tokens, in_features) float tensors per adapted layer, where ``x``
-    is shared by the layers that read it (q/k/v, gate/up). The backward draws the same noise
-    again from the saved state. CPU tensors only (the state is the CPU generator's)."""
+    """``F.linear(dropout(x, p), w)`` (a LoRA adapter's ``lora_A(lora_dropout(x))``) that
+    keeps ``x`` and a one-byte mask for the backward instead of the dropout's float noise and
+    its output, both (tokens, in_features) float tensors per adapted layer; ``x`` is shared by
+    the layers that read it (q/k/v, gate/up) and kept by the adapter anyway. The noise is
+    drawn as torch's CPU dropout draws it (``bernoulli_(1 - p)``, then ``/ (1 - p)``), from
+    the same generator: the same values and the same random stream after. Drawing it again
+    in the backward instead of keeping the mask was measured and dropped: ``bernoulli_`` is
+    already ~22% of a LoRA training phase here (``bench/speed.py --configs c --profile``)."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")  # the backward runs under the forward's autocast
     def forward(ctx, x, w, p: float):
-        state = torch.get_rng_state()
-        xd = x * _noise(x, p, None)  # as torch's CPU dropout: bernoulli_(1 - p) / (1 - p)
-        ctx.save_for_backward(x, w)
-        ctx.p, ctx.state = p, state
-        return F.linear(xd, w)
+        noise = torch.empty_like(x).bernoulli_(1 - p)
+        keep = noise.bool()
+        noise.div_(1 - p)
+        scale = noise.new_ones(()).div_(1 - p)  # the kept entries' value, rounded as above
+        ctx.save_for_backward(x, w, keep, scale)
+        return F.linear(x * noise, w)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad):
-        x, w = ctx.saved_tensors
-        gen = torch.Generator()
-        gen.set_state(ctx.state)
-        noise = _noise(x, ctx.p, gen)
+        x, w, keep, scale = ctx.saved_tensors
+        noise = torch.where(keep, scale, 0.0)
         grad_x = grad_w = None
         if ctx.needs_input_grad[1]:
             xd = x * noise
@@ -88,11 +90,6 @@ class DropoutLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad.matmul(w) * noise
         return grad_x, grad_w, None
-
-
-def _noise(x: torch.Tensor, p: float, gen) -> torch.Tensor:
-    noise = torch.empty_like(x).bernoulli_(1 - p, generator=gen)
-    return noise.div_(1 - p)
 
 
 def _lean_lora_forward(self, x, *args, **kwargs):
