@@ -31,6 +31,8 @@ import types
 import torch
 import torch.nn.functional as F
 
+from grpokit.speed.weights import linear_parts
+
 
 class SiLUMul(torch.autograd.Function):
     """``silu(g) * u``, keeping ``g`` and ``u`` (not ``silu(g)``) for the backward."""
@@ -95,7 +97,7 @@ class DropoutLinear(torch.autograd.Function):
 def _lean_lora_forward(self, x, *args, **kwargs):
     """PEFT's LoRA ``Linear.forward`` for one plain adapter in training, its dropout through
     :class:`DropoutLinear` (under no_grad it keeps nothing anyway: PEFT's own path)."""
-    a = next(n for n in self.active_adapters if n in self.lora_A)  # the one (lean_loras)
+    (a,) = linear_parts(self)[1]  # the one unmerged active adapter (lean_loras)
     result = self.base_layer(x, *args, **kwargs)
     drop = self.lora_dropout[a]
     A, B = self.lora_A[a], self.lora_B[a]
@@ -148,15 +150,14 @@ def gated_silu_mlps(model) -> list[torch.nn.Module]:
 
 def lean_loras(model) -> list[torch.nn.Module]:
     """``model``'s PEFT LoRA ``Linear`` layers with exactly one active, plain, unmerged
-    adapter (see ``grpokit.speed.weights.linear_parts``), on CPU."""
-    from grpokit.speed.weights import linear_parts
-
+    adapter (see ``grpokit.speed.weights.linear_parts``), on CPU. A layer with any adapter
+    merged is left alone: PEFT's forward then runs its base layer only."""
     found = []
     for mod in model.modules():
         if type(mod).__name__ != "Linear" or not type(mod).__module__.startswith("peft."):
             continue
         parts = linear_parts(mod)
-        if parts is None or len(parts[1]) != 1:
+        if parts is None or len(parts[1]) != 1 or getattr(mod, "merged", False):
             continue
         if parts[0].weight.device.type == "cpu":
             found.append(mod)

@@ -153,3 +153,12 @@ def test_no_lean_lora_without_dropout_or_with_two_adapters():
     model.add_adapter("second", LoraConfig(r=2, target_modules=["q_proj"]))
     model.base_model.set_adapter(["default", "second"])
     assert len(lean_loras(model)) == 3 * 6  # q_proj runs two adapters: PEFT's own forward
+
+
+def test_a_merged_adapter_keeps_peft_s_forward():
+    from grpokit.speed.layers import lean_loras
+
+    model = _lora_dropout_model()
+    assert len(lean_loras(model)) == 3 * 7
+    model.merge_adapter()  # PEFT's forward now runs the base layers (the merged weights) only
+    assert lean_loras(model) == []
