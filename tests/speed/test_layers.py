@@ -12,7 +12,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from grpokit.speed.layers import gated_silu_mlps, lean_layers
+from grpokit.speed.layers import MASK_CHUNK, gated_silu_mlps, keep_mask, lean_layers
 
 SHAPE = dict(
     vocab_size=97,
@@ -104,16 +104,27 @@ def _lora_dropout_model(p=0.3):
     return model.train()
 
 
+def _dropout_by_keep_mask(self, x):
+    """``nn.Dropout`` with :func:`keep_mask`'s draws and plain autograd ops: PEFT's LoRA path
+    with the lean layer's masks, to compare the two on the same draws."""
+    if not self.training or self.p == 0:
+        return x
+    keep = keep_mask(x.shape, self.p)
+    return x * torch.where(keep, x.new_ones(()).div_(1 - self.p), 0.0)
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
-def test_lora_dropout_draws_the_same_noise_and_keeps_less(amp):
+def test_lora_dropout_same_values_on_the_same_masks_and_keeps_less(amp, monkeypatch):
     """PEFT's LoRA dropout keeps its noise and output per layer; the lean layer keeps the
-    input and the generator's state: the same outputs and random stream, the same gradients
-    up to summation order, 2 x (tokens x in_features) floats a layer fewer, less the inputs
-    it keeps (one per distinct input: q/k/v share one, gate/up another)."""
+    input and a one-byte mask: on the same masks, the same outputs and the same random stream
+    after, the same gradients up to summation order, 2 x (tokens x in_features) floats a layer
+    fewer, less the inputs it keeps (one per distinct input: q/k/v share one, gate/up another)."""
     model = _lora_dropout_model()
     ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
-    torch.manual_seed(5)
-    out0, g0, kept0 = _run(model, ids, lean=False, amp=amp)
+    with monkeypatch.context() as m:
+        m.setattr(torch.nn.Dropout, "forward", _dropout_by_keep_mask)
+        torch.manual_seed(5)
+        out0, g0, kept0 = _run(model, ids, lean=False, amp=amp)
     after0 = torch.get_rng_state()
     torch.manual_seed(5)
     out1, g1, kept1 = _run(model, ids, lean=True, amp=amp)
@@ -123,8 +134,9 @@ def test_lora_dropout_draws_the_same_noise_and_keeps_less(amp):
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-5, atol=1e-6 if not amp else 1e-3)
     torch.manual_seed(5)
-    out2 = model(input_ids=ids).logits  # dropout is really on: another draw, other logits
-    assert not torch.equal(out2, model(input_ids=ids).logits)
+    with lean_layers(model):  # dropout is really on: another draw, other logits
+        out2 = model(input_ids=ids).logits
+        assert not torch.equal(out2, model(input_ids=ids).logits)
     # what the dropout costs: PEFT keeps its noise and dropped input in every adapted layer;
     # the lean layer keeps the layer's input, which the adapter keeps anyway without dropout,
     # and a one-byte mask
@@ -162,3 +174,38 @@ def test_a_merged_adapter_keeps_peft_s_forward():
     assert len(lean_loras(model)) == 3 * 7
     model.merge_adapter()  # PEFT's forward now runs the base layers (the merged weights) only
     assert lean_loras(model) == []
+
+
+def test_keep_mask_rate_scale_and_reproducibility(monkeypatch):
+    """Entries kept with probability 1 - p (the mean of 3M draws within 5 standard errors),
+    independent chunks, the same mask for the same seed whatever the threads, one draw of
+    torch's generator a mask, and the kept value torch's own dropout gives."""
+    import grpokit.speed.layers as layers
+
+    for p in (0.05, 0.3, 0.9):
+        torch.manual_seed(0)
+        keep = keep_mask((3, MASK_CHUNK), p)
+        assert keep.dtype == torch.bool and keep.shape == (3, MASK_CHUNK)
+        rate, se = keep.double().mean().item(), ((p * (1 - p)) / keep.numel()) ** 0.5
+        assert abs(rate - (1 - p)) < 5 * se, (p, rate)
+        assert not torch.equal(keep[0], keep[1])  # each chunk its own stream
+    torch.manual_seed(3)
+    a = keep_mask((5, 7, MASK_CHUNK // 7 + 1), 0.2)
+    after = torch.get_rng_state()
+    torch.manual_seed(3)
+    torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
+    assert torch.equal(torch.get_rng_state(), after)  # exactly one draw of torch's generator
+    monkeypatch.setattr(layers, "_POOL", [])
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(3)
+        assert torch.equal(keep_mask(a.shape, 0.2), a)  # one worker, the same mask
+    finally:
+        layers._POOL.clear()
+        torch.set_num_threads(2)
+    assert keep_mask((4, 5), 0.0).all() and not keep_mask((4, 5), 1.0 - 2**-33).any()
+    # torch's dropout value for a kept entry: 1 / (1 - p) rounded in the input's dtype
+    p = 0.3
+    ones = torch.ones(4096)
+    dropped = torch.nn.functional.dropout(ones, p, training=True)
+    assert set(dropped.unique().tolist()) == {0.0, ones.new_ones(()).div_(1 - p).item()}
