@@ -34,15 +34,17 @@ def activation_bytes_per_token_layer(
 
     3*a*d: q before and after RoPE and the attention output (= o_proj input); 3*k*d: k
     before and after RoPE, and v (SDPA runs GQA without expanding k/v and keeps no (T, T)
-    score matrix); 4*I: gate and up outputs, silu(gate), and the product (down_proj input),
-    3*I when ``lean`` and the model's MLP is a gated SiLU (``grpokit.speed.layers``
-    recomputes silu(gate) in the backward); each RMSNorm keeps its fp32 input and normalised
-    output.
+    score matrix); 4*I: gate and up outputs, silu(gate), and the product (down_proj input);
+    each RMSNorm keeps its fp32 input and normalised output. With ``lean``
+    (``grpokit.speed.layers``, the training forward without checkpointing): a gated SiLU MLP
+    keeps gate and up only (2*I: silu(gate) and the product are made again in the backward)
+    and Llama's RMSNorm its input only (h, and a (tokens, 1) reciprocal).
     """
     h, a, k, d, ffn = m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim, m.intermediate_size
     c_qkv, c_mlp = (3, 2) if autocast else (1, 1)
-    n_ffn = 3 if lean and m.gated_silu else 4
-    return s * (c_qkv * h + 3 * a * d + 3 * k * d + c_mlp * h + n_ffn * ffn) + 2 * 2 * h * 4
+    n_ffn = 2 if lean and m.gated_silu else 4
+    n_norm = 1 if lean and m.llama_norm else 2
+    return s * (c_qkv * h + 3 * a * d + 3 * k * d + c_mlp * h + n_ffn * ffn) + 2 * n_norm * h * 4
 
 
 def logits_bytes(batch: int, completion: int, vocab: int, s: int) -> int:

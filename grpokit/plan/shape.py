@@ -47,6 +47,8 @@ class PlanError(ValueError):
 GATED_SILU_MODEL_TYPES = frozenset(
     ("llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo", "olmo2")
 )
+# ... and whose RMSNorm is Llama's (OLMo's are not; Gemma's scales by 1 + weight)
+LLAMA_NORM_MODEL_TYPES = frozenset(("llama", "mistral", "qwen2", "qwen3", "smollm3"))
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class ModelShape:
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3-style per-head RMSNorm on q and k
     gated_silu: bool = False  # Llama's MLP, down(silu(gate(x)) * up(x)) (speed/layers.py)
+    llama_norm: bool = False  # Llama's RMSNorm (speed/layers.py keeps its input only)
     dtype: str = "float32"  # the checkpoint's torch_dtype (used by torch_dtype: auto)
     model_type: str = "llama"
     source: str = ""
@@ -93,6 +96,7 @@ class ModelShape:
                 qk_norm=mt.startswith("qwen3"),
                 gated_silu=mt in GATED_SILU_MODEL_TYPES
                 and d.get("hidden_act", "silu") in ("silu", "swish"),
+                llama_norm=mt in LLAMA_NORM_MODEL_TYPES,
                 dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
                 model_type=mt,
                 source=source,

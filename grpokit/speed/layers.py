@@ -154,16 +154,90 @@ def _lean_lora_forward(self, x, *args, **kwargs):
     return (result + B(h) * self.scaling[a]).to(result.dtype)
 
 
+class _Recompute:
+    """What a saved tensor became inside :func:`recomputed_when_saved`: how to make it again."""
+
+    __slots__ = ("fn", "shape", "stride", "offset")
+
+    def __init__(self, fn, shape, stride, offset):
+        self.fn, self.shape, self.stride, self.offset = fn, shape, stride, offset
+
+
+@contextlib.contextmanager
+def recomputed_when_saved(t: torch.Tensor, fn):
+    """Inside the block, where autograd saves ``t`` (or a view of it) for the backward it
+    keeps ``fn`` instead, and the backward calls ``fn()`` for the values: ``fn`` must give
+    ``t``'s values again bit for bit from tensors that are kept anyway (the recomputation is
+    the same operations on the same inputs), so nothing changes but what is alive.
+
+    Other saved tensors go to the saved-tensor hooks already set outside the block (an
+    activation offload, a memory probe), or are kept as autograd keeps them. ``t`` must own
+    its storage, contiguously; otherwise the block changes nothing."""
+    storage = t.untyped_storage()
+    ours = (
+        t.is_contiguous()
+        and t.storage_offset() == 0
+        and storage.nbytes() == t.numel() * t.element_size()
+    )
+    ptr, dtype = storage.data_ptr(), t.dtype
+    outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer_pack, outer_unpack = outer if outer else (torch.Tensor.detach, None)
+
+    def pack(s):
+        if ours and s.dtype == dtype and s.untyped_storage().data_ptr() == ptr:
+            return _Recompute(fn, s.shape, s.stride(), s.storage_offset())
+        return (outer_pack(s),)
+
+    def unpack(packed):
+        if isinstance(packed, _Recompute):
+            return packed.fn().as_strided(packed.shape, packed.stride, packed.offset)
+        return outer_unpack(packed[0]) if outer_unpack else packed[0]
+
+    del t, storage
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
 def _lean_forward(self, x):
-    return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
+    """Llama's MLP, keeping gate and up (:class:`SiLUMul`) and not the down projection's
+    input, which the backward makes again from them."""
+    g, u = self.gate_proj(x), self.up_proj(x)
+    m = silu_mul(g, u)
+    if not torch.is_grad_enabled():
+        return self.down_proj(m)
+    with recomputed_when_saved(m, lambda: F.silu(g) * u):  # silu_mul's own operations
+        return self.down_proj(m)
 
 
-def _llama_mlp_forward():
+def _lean_norm_forward(self, hidden_states):
+    """Llama's RMSNorm, the same operations, with the normalised input (what the product
+    with the weight keeps) made again in the backward from the input and the (tokens, 1)
+    reciprocal, which the backward keeps anyway."""
+    input_dtype = hidden_states.dtype
+    hs = hidden_states.to(torch.float32)
+    r = torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    n = (hs * r).to(input_dtype)
+    if not torch.is_grad_enabled():
+        return self.weight * n
+    with recomputed_when_saved(n, lambda: (hs * r).to(input_dtype)):
+        return self.weight * n
+
+
+def _llama_forward(name: str):
     try:
-        from transformers.models.llama.modeling_llama import LlamaMLP
+        from transformers.models.llama import modeling_llama
     except ImportError:  # pragma: no cover - transformers without llama
         return None
-    return LlamaMLP.forward
+    return getattr(getattr(modeling_llama, name, None), "forward", None)
+
+
+def _same_code(mod, ref) -> bool:
+    """Whether ``mod``'s class runs exactly ``ref``'s forward (bytecode, names, constants)."""
+    code = getattr(getattr(type(mod), "forward", None), "__code__", None)
+    if code is None or ref is None:
+        return False
+    r = ref.__code__
+    return (code.co_code, code.co_names, code.co_consts) == (r.co_code, r.co_names, r.co_consts)
 
 
 def _is_silu(act) -> bool:
@@ -177,20 +251,17 @@ def gated_silu_mlps(model) -> list[torch.nn.Module]:
     """The MLP modules of ``model`` that compute exactly ``down(silu(gate(x)) * up(x))``:
     their class's forward has the bytecode of transformers' ``LlamaMLP.forward`` and their
     activation is SiLU."""
-    ref = _llama_mlp_forward()
-    if ref is None:
-        return []
-    found = []
-    for mod in model.modules():
-        fwd = getattr(type(mod), "forward", None)
-        code = getattr(fwd, "__code__", None)
-        if code is None or code.co_code != ref.__code__.co_code:
-            continue
-        if (code.co_names, code.co_consts) != (ref.__code__.co_names, ref.__code__.co_consts):
-            continue
-        if _is_silu(getattr(mod, "act_fn", None)):
-            found.append(mod)
-    return found
+    ref = _llama_forward("LlamaMLP")
+    return [
+        m for m in model.modules() if _same_code(m, ref) and _is_silu(getattr(m, "act_fn", None))
+    ]
+
+
+def rms_norms(model) -> list[torch.nn.Module]:
+    """The norm modules of ``model`` whose class runs transformers' ``LlamaRMSNorm.forward``
+    (Llama, Mistral, Qwen2/3, SmolLM3 share it; Gemma's ``1 + weight`` does not)."""
+    ref = _llama_forward("LlamaRMSNorm")
+    return [m for m in model.modules() if _same_code(m, ref)]
 
 
 def lean_loras(model) -> list[torch.nn.Module]:
@@ -211,19 +282,20 @@ def lean_loras(model) -> list[torch.nn.Module]:
 
 @contextlib.contextmanager
 def lean_layers(model, enabled: bool = True):
-    """Inside the block, ``model``'s gated SiLU MLPs (see :func:`gated_silu_mlps`) run
-    :func:`silu_mul` and its single-adapter LoRA layers :class:`DropoutLinear`: the same
-    values, fewer tensors kept for the backward. Not for a model under activation
-    checkpointing (its recomputed forward runs after the block). Yields the number of
-    modules swapped."""
-    mlps = gated_silu_mlps(model) if enabled else []
-    loras = lean_loras(model) if enabled else []
-    for m in mlps:
-        m.forward = types.MethodType(_lean_forward, m)
-    for m in loras:
-        m.forward = types.MethodType(_lean_lora_forward, m)
+    """Inside the block, ``model``'s gated SiLU MLPs (see :func:`gated_silu_mlps`) keep gate
+    and up only, its Llama RMSNorms (:func:`rms_norms`) their input and reciprocal only, and
+    its single-adapter LoRA layers run :class:`DropoutLinear`: the same values, fewer tensors
+    kept for the backward. Not for a model under activation checkpointing (its recomputed
+    forward runs after the block). Yields the number of modules swapped."""
+    swaps = []
+    if enabled:
+        swaps += [(m, _lean_forward) for m in gated_silu_mlps(model)]
+        swaps += [(m, _lean_norm_forward) for m in rms_norms(model)]
+        swaps += [(m, _lean_lora_forward) for m in lean_loras(model)]
+    for m, fwd in swaps:
+        m.forward = types.MethodType(fwd, m)
     try:
-        yield len(mlps) + len(loras)
+        yield len(swaps)
     finally:
-        for m in mlps + loras:
+        for m, _ in swaps:
             m.__dict__.pop("forward", None)

@@ -222,10 +222,11 @@ def test_cli_plan_unreadable_model(capsys, monkeypatch):
     assert "cannot read the config of 'nobody/no-such-model'" in err
 
 
-def test_gated_silu_mlp_keeps_one_intermediate_tensor_fewer():
-    """The training forward's lean MLP (grpokit.speed.layers) keeps gate and up, not
-    silu(gate): 3 intermediate-sized tensors a token a layer instead of 4, checkpointing
-    aside (its recompute runs transformers' own layers)."""
+def test_lean_layers_keep_fewer_tensors_in_the_estimate():
+    """The training forward's lean layers (grpokit.speed.layers) keep gate and up, not
+    silu(gate) nor the product: 2 intermediate-sized tensors a token a layer instead of 4;
+    Llama's RMSNorm keeps its float32 input, not the normalised one; checkpointing aside
+    (its recompute runs transformers' own layers)."""
     d = {
         "model_type": "llama",
         "hidden_act": "silu",
@@ -240,14 +241,16 @@ def test_gated_silu_mlp_keeps_one_intermediate_tensor_fewer():
     assert lean.gated_silu
     assert not ModelShape.from_config({**d, "hidden_act": "gelu"}).gated_silu
     assert not ModelShape.from_config({**d, "model_type": "gemma"}).gated_silu
+    assert lean.llama_norm and not ModelShape.from_config({**d, "model_type": "olmo2"}).llama_norm
     c = cfg(
         per_device_train_batch_size=4,
         num_generations=4,
         max_prompt_length=10,
         max_completion_length=6,
     )
-    plain = dataclasses.replace(lean, gated_silu=False)
+    plain = dataclasses.replace(lean, gated_silu=False, llama_norm=False)
     m, p = estimate_memory(c, lean), estimate_memory(c, plain)
-    assert p["activations"] - m["activations"] == 2 * 4 * 128 * 4 * 16  # L x s x I x B x T
+    # L x B x T x (2 x s x I + 2 norms x 4 x h)
+    assert p["activations"] - m["activations"] == 2 * 4 * 16 * (2 * 4 * 128 + 2 * 4 * 64)
     g = cfg(**{**c.to_dict(), "gradient_checkpointing": True})
     assert estimate_memory(g, lean)["activations"] == estimate_memory(g, plain)["activations"]

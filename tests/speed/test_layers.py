@@ -1,6 +1,8 @@
 """The gated MLP that keeps fewer activations: the same numbers as transformers' own forward
 and backward, bit for bit, and one (tokens, intermediate) tensor a layer fewer kept."""
 
+import contextlib
+
 import pytest
 import torch
 from transformers import (
@@ -12,7 +14,14 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from grpokit.speed.layers import MASK_CHUNK, gated_silu_mlps, keep_mask, lean_layers
+from grpokit.speed.layers import (
+    MASK_CHUNK,
+    gated_silu_mlps,
+    keep_mask,
+    lean_layers,
+    recomputed_when_saved,
+    rms_norms,
+)
 
 SHAPE = dict(
     vocab_size=97,
@@ -69,11 +78,17 @@ def test_same_values_and_gradients_with_less_kept(amp, lora):
     assert g0.keys() == g1.keys() and len(g0) > 0
     for n in g0:
         assert torch.equal(g0[n], g1[n]), n
-    # silu(gate) is not kept: one (3 x 11, 80) tensor a layer, in the activations' dtype
-    per_layer = 3 * 11 * 80 * (2 if amp else 4)
-    assert kept0 - kept1 == SHAPE["num_hidden_layers"] * per_layer
+    # neither silu(gate) nor the product (down's input) is kept: two (3 x 11, 80) tensors a
+    # layer in the activations' dtype; with LoRA under autocast PEFT casts the product to the
+    # adapter's float32 and keeps that cast, so the bf16 product was not kept to begin with
+    T, L, h = 3 * 11, SHAPE["num_hidden_layers"], SHAPE["hidden_size"]
+    mlp = T * 80 * (2 if amp else 4) * (1 if lora and amp else 2)
+    # nor the normalised input of each RMSNorm (two a layer and the final one), in float32,
+    # which the product with the norm's weight keeps only when that weight is trained
+    norms = (2 * L + 1) * T * h * 4 * (not lora)
+    assert kept0 - kept1 == L * mlp + norms
     # the model is itself again after the block
-    assert all("forward" not in vars(m) for m in gated_silu_mlps(model))
+    assert all("forward" not in vars(m) for m in gated_silu_mlps(model) + rms_norms(model))
 
 
 def test_which_mlps_it_takes():
@@ -85,6 +100,8 @@ def test_which_mlps_it_takes():
     assert gated_silu_mlps(gelu) == []  # another activation
     gemma = GemmaForCausalLM(GemmaConfig(**SHAPE, head_dim=8))
     assert gated_silu_mlps(gemma) == []  # gelu (tanh)
+    assert len(rms_norms(_llama())) == len(rms_norms(qwen)) == 2 * 3 + 1
+    assert rms_norms(gemma) == []  # its norm scales by 1 + weight
     with lean_layers(_llama(), enabled=False) as n:
         assert n == 0
 
@@ -209,3 +226,37 @@ def test_keep_mask_rate_scale_and_reproducibility(monkeypatch):
     ones = torch.ones(4096)
     dropped = torch.nn.functional.dropout(ones, p, training=True)
     assert set(dropped.unique().tolist()) == {0.0, ones.new_ones(()).div_(1 - p).item()}
+
+
+def test_recomputed_when_saved_makes_views_again_and_keeps_outer_hooks():
+    """A tensor saved inside the block (here through a reshape, as a linear layer saves a 3-D
+    input) is made again by the function in the backward, with its view's shape; other saved
+    tensors go through the hooks set outside; gradients are those of plain autograd."""
+    torch.manual_seed(0)
+    a = torch.randn(4, 6, 8, requires_grad=True)
+    w = torch.randn(5, 8, requires_grad=True)
+
+    def run(lean: bool):
+        a.grad = w.grad = None
+        calls = {"outer": 0, "made": 0}
+
+        def outer_pack(t):
+            calls["outer"] += 1
+            return t.detach()
+
+        def again():
+            calls["made"] += 1
+            return torch.tanh(a.detach())
+
+        with torch.autograd.graph.saved_tensors_hooks(outer_pack, lambda t: t):
+            t = torch.tanh(a)
+            with recomputed_when_saved(t, again) if lean else contextlib.nullcontext():
+                out = torch.nn.functional.linear(t, w)
+        (out**2).sum().backward()
+        return a.grad.clone(), w.grad.clone(), calls
+
+    ga0, gw0, calls0 = run(False)
+    ga1, gw1, calls1 = run(True)
+    assert torch.equal(ga0, ga1) and torch.equal(gw0, gw1)
+    assert calls1["made"] == 1 and calls0["made"] == 0
+    assert calls1["outer"] == calls0["outer"] - 1  # the weight still through the outer hook
