@@ -7,23 +7,28 @@ intermediate) tensors a layer for its backward: the gate and up outputs, ``silu(
 is one elementwise op away from the gate output, so :class:`SiLUMul` keeps only the gate
 and up outputs and recomputes it in the backward, with the same operations autograd runs
 (``silu``, ``silu_backward``, the two products), so forward and gradients are
-bit-identical. For SmolLM2-135M in float32 that is 6 KB a token a layer, about 0.4 GB for a
-16 x 170-token micro-batch: a quarter of the MLP's saved activations.
+bit-identical. The product itself (the down projection's input) is not kept either:
+:func:`recomputed_when_saved` stores, in its place, how to make it again from gate and up.
+Llama's RMSNorm keeps its input, its normalised input and a (tokens, 1) reciprocal; the
+normalised input is made again the same way. Together, for SmolLM2-135M in float32, 43.7 ->
+27.1 KiB a token a layer (``bench/kept_activations.py``), about 1 GB less for a 16 x
+140-token micro-batch.
 
 A PEFT LoRA layer with dropout keeps, through PEFT's own forward, the dropout's noise and
 its output, two (tokens, in_features) float tensors per adapted layer: for SmolLM2-135M with
 ``lora_dropout`` 0.05 on every linear layer, 28 KiB a token a layer on top of the 44 KiB of
 the model's own activations (measured with ``saved_tensors_hooks``). :class:`DropoutLinear`
 keeps the layer's input (shared by q/k/v and by gate/up, kept by the adapter anyway) and a
-one-byte mask drawn by :func:`keep_mask`, six times faster than torch's CPU ``bernoulli_``
+one-byte mask drawn by :func:`keep_mask`, ~5x faster than torch's CPU ``bernoulli_``
 (which was ~22% of a LoRA training phase here): forward values as PEFT computes them for a
 given mask, gradients equal up to the order of float summation; the masks themselves come
 from another generator than PEFT's, so a run with LoRA dropout draws other (equally likely)
 masks than PEFT would.
 
 :func:`lean_layers` swaps both into a model for the duration of a block: the MLPs whose
-forward is Llama's (Llama, Mistral, Qwen2/3, SmolLM3, OLMo share it, checked by its code) and
-PEFT LoRA ``Linear`` layers with one plain adapter.
+forward is Llama's (Llama, Mistral, Qwen2/3, SmolLM3, OLMo share it, checked by its code),
+the norms whose forward is Llama's RMSNorm, and PEFT LoRA ``Linear`` layers with one plain
+adapter.
 """
 
 from __future__ import annotations
@@ -80,8 +85,8 @@ def _pool() -> ThreadPoolExecutor:
 def keep_mask(shape, p: float) -> torch.Tensor:
     """A bool tensor of ``shape`` whose entries are independently True with probability
     ``1 - p`` (to within 2**-32: an entry is a uniform 32-bit integer compared with
-    ``ceil(p * 2**32)``), what ``torch.empty(shape).bernoulli_(1 - p).bool()`` gives, about
-    six times faster on CPU (1.2-1.4 against 7-10 ns an entry on 2 threads, measured here).
+    ``ceil(p * 2**32)``), what ``torch.empty(shape).bernoulli_(1 - p).bool()`` gives, ~5x
+    faster on CPU (17-20 against 80-100 ms for one layer's 7 masks at 2,224 tokens, 2 threads).
 
     Reproducible from torch's global generator, which it advances by exactly one draw (a
     64-bit seed): ``torch.manual_seed`` fixes the masks, and the RNG state a checkpoint saves
