@@ -178,6 +178,10 @@ def recomputed_when_saved(t: torch.Tensor, fn):
     Other saved tensors go to the saved-tensor hooks already set outside the block (an
     activation offload, a memory probe), or are kept as autograd keeps them. ``t`` must own
     its storage, contiguously; otherwise the block changes nothing."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None or type(t) is not torch.Tensor:  # cannot pass the rest on; a subclass
+        yield
+        return
     storage = t.untyped_storage()
     ours = (
         t.is_contiguous()
@@ -185,11 +189,12 @@ def recomputed_when_saved(t: torch.Tensor, fn):
         and storage.nbytes() == t.numel() * t.element_size()
     )
     ptr, dtype = storage.data_ptr(), t.dtype
-    outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    outer = top(False)
     outer_pack, outer_unpack = outer if outer else (torch.Tensor.detach, None)
 
     def pack(s):
-        if ours and s.dtype == dtype and s.untyped_storage().data_ptr() == ptr:
+        mine = ours and type(s) is torch.Tensor and s.dtype == dtype
+        if mine and s.untyped_storage().data_ptr() == ptr:
             return _Recompute(fn, s.shape, s.stride(), s.storage_offset())
         return (outer_pack(s),)
 
