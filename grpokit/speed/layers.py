@@ -25,7 +25,7 @@ given mask, gradients equal up to the order of float summation; the masks themse
 from another generator than PEFT's, so a run with LoRA dropout draws other (equally likely)
 masks than PEFT would.
 
-:func:`lean_layers` swaps both into a model for the duration of a block: the MLPs whose
+:func:`lean_layers` swaps these into a model for the duration of a block: the MLPs whose
 forward is Llama's (Llama, Mistral, Qwen2/3, SmolLM3, OLMo share it, checked by its code),
 the norms whose forward is Llama's RMSNorm, and PEFT LoRA ``Linear`` layers with one plain
 adapter.
@@ -177,9 +177,10 @@ def recomputed_when_saved(t: torch.Tensor, fn):
 
     Other saved tensors go to the saved-tensor hooks already set outside the block (an
     activation offload, a memory probe), or are kept as autograd keeps them. ``t`` must own
-    its storage, contiguously; otherwise the block changes nothing."""
+    its storage, contiguously; otherwise (or without a gradient being recorded, for a tensor
+    subclass, or on a torch that cannot name the outer hooks) the block changes nothing."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    if top is None or type(t) is not torch.Tensor:  # cannot pass the rest on; a subclass
+    if top is None or type(t) is not torch.Tensor or not torch.is_grad_enabled():
         yield
         return
     storage = t.untyped_storage()
@@ -213,8 +214,6 @@ def _lean_forward(self, x):
     input, which the backward makes again from them."""
     g, u = self.gate_proj(x), self.up_proj(x)
     m = silu_mul(g, u)
-    if not torch.is_grad_enabled():
-        return self.down_proj(m)
     with recomputed_when_saved(m, lambda: F.silu(g) * u):  # silu_mul's own operations
         return self.down_proj(m)
 
@@ -227,8 +226,6 @@ def _lean_norm_forward(self, hidden_states):
     hs = hidden_states.to(torch.float32)
     r = torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
     n = (hs * r).to(input_dtype)
-    if not torch.is_grad_enabled():
-        return self.weight * n
     with recomputed_when_saved(n, lambda: (hs * r).to(input_dtype)):
         return self.weight * n
 
