@@ -34,12 +34,14 @@ from grpokit.rollout.base import Rollout
 @dataclass
 class Groups:
     """One process's part of a generation batch: its prompt rows, their G completions each,
-    the (N, F) rewards of those completions, and the seconds spent generating and scoring."""
+    the (N, F) rewards of those completions, the seconds spent generating and scoring, and
+    (N,) bool: which completions the task's grader calls correct."""
 
     rows: list
     rollout: Rollout
     rewards: torch.Tensor
     seconds: tuple[float, float] = (0.0, 0.0)
+    correct: torch.Tensor | None = None
 
 
 def select_rows(ro: Rollout, idx: torch.Tensor) -> Rollout:
@@ -91,17 +93,29 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 def _take(g: Groups, groups: torch.Tensor, G: int) -> Groups:
     """The groups ``groups`` (indices, in order) of ``g``."""
     rows_idx = (groups[:, None] * G + torch.arange(G)[None]).reshape(-1)
-    return Groups(
-        [g.rows[i] for i in groups.tolist()], select_rows(g.rollout, rows_idx), g.rewards[rows_idx]
-    )
+    rows = [g.rows[i] for i in groups.tolist()]
+    correct = None if g.correct is None else g.correct[rows_idx]
+    return Groups(rows, select_rows(g.rollout, rows_idx), g.rewards[rows_idx], correct=correct)
 
 
 def _join(parts: list[Groups], pad_id: int) -> Groups:
+    correct = None
+    if all(p.correct is not None for p in parts):
+        correct = torch.cat([p.correct for p in parts])
     return Groups(
         [r for p in parts for r in p.rows],
         concat_rollouts([p.rollout for p in parts], pad_id),
         torch.cat([p.rewards for p in parts]),
+        correct=correct,
     )
+
+
+def one_batch(
+    generate: Callable[[], Groups], weights: torch.Tensor, group_size: int
+) -> tuple[Groups, dict[str, float]]:
+    """One generation batch from ``generate`` (no dynamic sampling), with ``sampled_metrics``."""
+    g = generate()
+    return g, sampled_metrics([g], weights, group_size)
 
 
 def fill_batch(
@@ -121,8 +135,10 @@ def fill_batch(
     dropped: list[Groups] = []
     n_kept = n_batches = 0
     gen = score = 0.0
+    sampled: list[Groups] = []
     while True:
         g = generate()
+        sampled.append(g)
         n_batches += 1
         gen, score = gen + g.seconds[0], score + g.seconds[1]
         good = informative_groups(weighted_sum(g.rewards, weights), group_size)
@@ -144,5 +160,34 @@ def fill_batch(
         "dynamic_sampling/num_gen_batches": float(n_batches),
         "dynamic_sampling/dropped_frac": (generated - counts[0]) / generated,
         "dynamic_sampling/filled_groups": counts[2],
+        **sampled_metrics(sampled, weights, group_size),
     }
     return out, metrics
+
+
+def sampled_metrics(parts: list[Groups], weights: torch.Tensor, G: int) -> dict[str, float]:
+    """What the policy did on every group it sampled this step, over all processes: with
+    dynamic sampling the dropped groups too, which the trained batch's ``accuracy`` and
+    ``frac_reward_zero_std`` never see. ``sampled/accuracy``: completions the task's grader
+    calls correct; ``sampled/solved_groups``: groups with all G correct;
+    ``sampled/failed_groups``: none correct; ``sampled/stuck_groups``: equal rewards without
+    all being correct (the completions agree where the task is not learnt yet: no signal
+    there). Empty when the grader was not run."""
+    if any(p.correct is None for p in parts):
+        return {}
+    counts = torch.zeros(5, dtype=torch.float64)
+    for p in parts:
+        n_ok = p.correct.view(-1, G).sum(dim=1)
+        same = ~informative_groups(weighted_sum(p.rewards, weights), G)
+        counts += torch.stack(
+            [n_ok.sum(), (n_ok == G).sum(), (n_ok == 0).sum(), (same & (n_ok < G)).sum(),
+             torch.tensor(n_ok.numel())]
+        ).double()  # fmt: skip
+    c = dist.all_reduce_sum(counts).tolist()
+    groups = max(c[4], 1.0)
+    return {
+        "sampled/accuracy": c[0] / (groups * G),
+        "sampled/solved_groups": c[1] / groups,
+        "sampled/failed_groups": c[2] / groups,
+        "sampled/stuck_groups": c[3] / groups,
+    }

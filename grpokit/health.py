@@ -27,6 +27,7 @@ HEALTH_DEFAULTS: dict[str, float] = {
     "entropy_min": 0.03,  # entropy_collapse: mean token entropy below this (nats) ...
     "entropy_drop": 10.0,  # ... or this many times below its mean over the first 3 steps
     "entropy_steps": 3,
+    "stuck_share": 0.5,  # ... while at least this share of the unsolved sampled groups is stuck
     "spike_factor": 10.0,  # grad_norm / kl above this x the median of ...
     "spike_window": 20,  # ... the last this many steps (at least 5 of them)
     "kl_floor": 0.05,  # kl_spike only above this (KL grows from 0 early in any run)
@@ -34,6 +35,9 @@ HEALTH_DEFAULTS: dict[str, float] = {
     "clear_steps": 2,  # an alert clears after this many good steps in a row
     "solved_accuracy": 0.95,  # train accuracy at which no_signal / entropy_collapse say "solved"
 }
+# Solved / stuck groups: over every group sampled in a step (dynamic sampling's dropped ones
+# too), ``grpokit.dynamic.sampled_metrics``; ``accuracy`` is the trained batch's.
+SAMPLED_ACC, SOLVED, STUCK = "sampled/accuracy", "sampled/solved_groups", "sampled/stuck_groups"
 HEALTH_MODES = ("warn", "stop", "off")
 # A detector's verdict between its fire and clear thresholds: the step is not bad (a bad
 # streak must be consecutive steps) and not good (clearing needs good steps in a row).
@@ -193,7 +197,7 @@ class HealthMonitor:
         th = self.p["frac_reward_zero_std"]
         if f < th:
             return False, f"frac_reward_zero_std {_g(f)}", need
-        acc, r = _num(m.get("accuracy")), _num(m.get("reward"))
+        acc, r = _num(m.get(SAMPLED_ACC, m.get("accuracy"))), _num(m.get("reward"))
         why = f"; train accuracy {acc:.0%}" if acc is not None else ""
         why += f", mean reward {_g(r)}" if r is not None else ""
         if self._solved(m) is not None:
@@ -250,15 +254,36 @@ class HealthMonitor:
                 f"the policy is near-deterministic because it solves the training prompts "
                 f"(train accuracy {acc:.0%}); further steps teach little: {SOLVED_ADVICE}"
             ), need  # fmt: skip
+        stuck = self._stuck_share(m)
+        if stuck is not None and stuck < self.p["stuck_share"]:  # sure where right only
+            return False, (
+                f"entropy {_g(e)} (start {_g(ref)}) but only {stuck:.0%} of the unsolved groups "
+                "have equal rewards: the policy is sure where it is right and still varies "
+                "where it is not"
+            ), need  # fmt: skip
         return True, head + self._entropy_advice(m), need
+
+    def _stuck_share(self, m) -> float | None:
+        """Of the sampled groups not all correct, the share whose rewards are all equal (the
+        completions agree where the task is not learnt: no signal there); None without the
+        sampled/* metrics or without an unsolved group."""
+        solved, stuck = _num(m.get(SOLVED)), _num(m.get(STUCK))
+        if solved is None or stuck is None or solved >= 1.0:
+            return None
+        return stuck / (1.0 - solved)
 
     def _entropy_advice(self, m) -> str:
         """What to change for a collapsed entropy, given the bonus the run already has: an
         adaptive bonus at its cap, a fixed one, or none; with the share of groups whose
         rewards no longer differ when the step logged it."""
         zero, dropped = _num(m.get("frac_reward_zero_std")), _num(m.get(DROPPED))
-        spread = ""
-        if dropped is not None:  # dynamic sampling: the kept groups all differ
+        spread, stuck = "", self._stuck_share(m)
+        if stuck is not None:
+            spread = (
+                f" ({stuck:.0%} of the sampled groups not yet solved have equal rewards: their "
+                "completions agree without being right)"
+            )
+        elif dropped is not None:  # dynamic sampling: the kept groups all differ
             spread = f" ({dropped:.0%} of the sampled groups had equal rewards and were dropped)"
         elif zero is not None:
             spread = f" ({zero:.0%} of this step's groups have equal rewards)"
@@ -282,8 +307,10 @@ class HealthMonitor:
         )
 
     def _solved(self, m) -> float | None:
-        """The step's train accuracy when it is at least solved_accuracy, else None."""
-        acc = _num(m.get("accuracy"))
+        """The step's train accuracy (over every sampled completion when logged: dynamic
+        sampling trains on a batch without the solved groups) when it is at least
+        solved_accuracy, else None."""
+        acc = _num(m.get(SAMPLED_ACC, m.get("accuracy")))
         return acc if acc is not None and acc >= self.p["solved_accuracy"] else None
 
     def _spike(self, name: str, m):

@@ -74,10 +74,16 @@ def tool_metrics(episodes) -> dict[str, Any]:
     return m
 
 
-def accuracy(task, texts, rows, G: int, n_global: int) -> torch.Tensor:
-    """The task's grader over every process's completions: the fraction correct."""
-    correct = [task.is_correct(t, r) for t, r in zip(texts, [r for r in rows for _ in range(G)])]
-    return dist.all_reduce_sum(torch.tensor(float(sum(correct)))) / n_global
+def graded(task, texts, rows, G: int) -> torch.Tensor:
+    """(N * G,) bool: the task's grader on each completion (``rows``: the N prompt rows)."""
+    per_row = [r for r in rows for _ in range(G)]
+    return torch.tensor([bool(task.is_correct(t, r)) for t, r in zip(texts, per_row)], dtype=bool)
+
+
+def accuracy(correct: torch.Tensor, n_global: int) -> torch.Tensor:
+    """The task's grader's verdicts (this process's completions, bool) over every process:
+    the fraction correct."""
+    return dist.all_reduce_sum(torch.tensor(float(correct.sum()))) / n_global
 
 
 def completions_table(prompts, texts, rewards, total, adv, reward_names) -> list[dict[str, Any]]:

@@ -34,11 +34,11 @@ from grpokit.checkpoint import (
     skipped_when_full,
 )
 from grpokit.config import GRPOConfig, save_config
-from grpokit.dynamic import Groups, fill_batch
+from grpokit.dynamic import Groups, fill_batch, one_batch
 from grpokit.evaluation import describe_eval, evaluate_rows, format_comparison, save_eval
 from grpokit.launch import launch_from_env, training_strategy
 from grpokit.logging import MetricsLogger, truncate_logs
-from grpokit.metrics import accuracy, completions_table, counter_metrics, round_metrics
+from grpokit.metrics import accuracy, completions_table, counter_metrics, graded, round_metrics
 from grpokit.prompts import render_prompts, tokenize_prompts
 from grpokit.scoring import round_advantages, score_rollout
 from grpokit.speed.heap import HeapRelease
@@ -181,14 +181,13 @@ class GRPOTrainer:
         full of informative groups, ``grpokit.dynamic``), compute the advantages and the
         reference log-probs: the round's batch, its metrics and its completions table."""
         c, G = self.cfg, self.cfg.num_generations
-        extra: dict[str, Any] = {}
         if c.dynamic_sampling:
             g, extra = fill_batch(
                 self._generate_groups, self.rewards.weights, G, self.data.prompts_per_rank,
                 c.max_num_gen_batches, self.tokenizer.pad_token_id or 0,
             )  # fmt: skip
         else:
-            g = self._generate_groups()
+            g, extra = one_batch(self._generate_groups, self.rewards.weights, G)
         rows, ro, rewards = g.rows, g.rollout, g.rewards
         loss_mask = make_loss_mask(ro, c.mask_truncated_completions)
         t1 = time.time()  # lengths: the loss tokens (verl's response_mask) of each row
@@ -208,7 +207,7 @@ class GRPOTrainer:
         m.update({"time/reference": t3 - t2, **extra})
         if getattr(self.engine, "sync_seconds", None) is not None:
             m["time/weight_sync"] = self.engine.sync_seconds
-        m["accuracy"] = accuracy(self.task, ro.texts, rows, G, total.numel())
+        m["accuracy"] = accuracy(g.correct, total.numel())
         table = []
         if c.log_completions:
             N, r = rewards.shape[0], dist.rank()
@@ -239,7 +238,8 @@ class GRPOTrainer:
         rewards = score_rollout(
             self.rewards.funcs, rows, ro, G, on_error=c.reward_errors, counters=self.counters
         )  # (N, F)
-        return Groups(rows, ro, rewards, (t1 - t0, time.time() - t1))
+        ok = graded(self.task, ro.texts, rows, G)  # accuracy, sampled/*
+        return Groups(rows, ro, rewards, (t1 - t0, time.time() - t1), ok)
 
     def optimizer_step(self, b: Batch) -> dict[str, Any]:
         """One optimizer step over the round's batch: micro-batches + gradient accumulation."""

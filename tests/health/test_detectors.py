@@ -70,6 +70,33 @@ def test_entropy_collapse_relative_to_its_start_with_hysteresis():
     assert only(ev, "entropy_collapse") == [(6, True), (11, False)]
 
 
+def test_low_entropy_is_collapse_only_where_the_unsolved_groups_agree():
+    # the default recipe's healthy run: entropy 0.05 from step 4, yet of the groups not all
+    # correct few have equal rewards (measured on its checkpoints: 5-14%)
+    ent = [0.8] * 3 + [0.05] * 6
+    healthy = {"sampled/solved_groups": 0.48, "sampled/stuck_groups": 0.023}
+    ev, _ = feed([{"entropy": e, **healthy} for e in ent])
+    assert only(ev, "entropy_collapse") == []
+    # the same entropy with 60% of the unsolved groups agreeing: collapse, and the line says so
+    stuck = {"sampled/solved_groups": 0.5, "sampled/stuck_groups": 0.3, "sampled/accuracy": 0.6}
+    ev, h = feed([{"entropy": e, **stuck} for e in ent])
+    assert only(ev, "entropy_collapse") == [(6, True)]
+    assert (
+        "60% of the sampled groups not yet solved have equal rewards"
+        in h.active["entropy_collapse"]
+    )
+    # it clears once the unsolved groups differ again (two good steps)
+    ev, _ = feed([{"entropy": e, **stuck} for e in ent] + [{"entropy": 0.05, **healthy}] * 2)
+    assert only(ev, "entropy_collapse") == [(6, True), (11, False)]
+    _, h = feed([{"entropy": e, **stuck} for e in ent], params={"stuck_share": 0.7})
+    assert "entropy_collapse" not in h.active
+    # dynamic sampling trains without the solved groups: "solved" is judged on what it sampled
+    solved = {"accuracy": 0.5, "sampled/accuracy": 0.97, "sampled/solved_groups": 0.9,
+              "sampled/stuck_groups": 0.1}  # fmt: skip
+    _, h = feed([{"entropy": e, **solved} for e in ent])
+    assert "train accuracy 97%" in h.active["entropy_collapse"]
+
+
 def test_entropy_absolute_floor_and_no_alert_above():
     ev, _ = feed([{"entropy": e} for e in [0.1] * 3 + [0.02] * 3])
     assert only(ev, "entropy_collapse") == [(6, True)]

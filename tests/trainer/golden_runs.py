@@ -8,7 +8,9 @@ Runs: the tiny offline model (``grpokit.testing.make_tiny_model``) in float32 fo
 steps under each loss type, GSPO's sequence-level ratio, and one run with LoRA + beta > 0 +
 num_iterations 2, one with full fine-tuning + beta + num_iterations 2 + sync_ref_model
 (TR-DPO; refused with LoRA); a bf16 run that goes through the CPU speed paths; and (only
-with ``--default``, minutes) the first 5 steps of recipes/default.yaml with the real model.
+with ``--default``, minutes) the first 5 steps of recipes/default.yaml with the real model:
+``--fp32`` (default_recipe_fp32.json, pinned on an AVX2 EPYC) or bf16 autocast
+(default_recipe.json: pin it on a CPU with native bf16; emulated bf16 takes ~500 s a step).
 What is compared: every number in metrics.jsonl but timings and memory, the completions table
 and the held-out evaluations. Wall-clock values are dropped, never compared.
 """
@@ -215,6 +217,11 @@ def main(argv=None) -> int:
             if a.mode == "write":
                 golden_path(name).write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
                 print(f"wrote {golden_path(name)}")
+                continue
+            if not golden_path(name).exists():
+                failed += 1
+                print(f"{name}: no golden file {golden_path(name)}; pin it with `write` on the "
+                      "commit before the change, on the same kind of machine")  # fmt: skip
                 continue
             want = json.loads(golden_path(name).read_text())
             d = diff(want, got, exact=a.exact)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpokit.config import build_config
-from grpokit.dynamic import Groups, fill_batch
+from grpokit.dynamic import Groups, fill_batch, one_batch, sampled_metrics
 from grpokit.rollout.base import Rollout
 
 BASE = dict(
@@ -230,6 +230,34 @@ def test_fill_batch_limit_fills_with_dropped_groups():
     assert m["dynamic_sampling/dropped_frac"] == 0.75
 
 
+def test_sampled_metrics_count_every_generated_group_dropped_ones_too():
+    # G = 2; correct completions: rewards 1.0; the graders' verdicts given alongside
+    a = _groups([[1.0, 1.0], [0.0, 1.0]], start=0)  # solved (dropped), mixed (kept)
+    a.correct = torch.tensor([True, True, False, True])
+    b = _groups([[0.0, 0.0], [0.5, 0.0]], start=2)  # stuck: equal, wrong (dropped); failed
+    b.correct = torch.tensor([False, False, False, False])
+    batches = iter([a, b])
+    out, m = fill_batch(lambda: next(batches), torch.ones(1), 2, 2, 0, pad_id=0)
+    assert out.rows == ["p1", "p3"] and out.correct.tolist() == [False, True, False, False]
+    assert m["sampled/accuracy"] == 3 / 8  # the trained batch's would be 1 / 4
+    assert m["sampled/solved_groups"] == 1 / 4
+    assert m["sampled/failed_groups"] == 2 / 4
+    assert m["sampled/stuck_groups"] == 1 / 4  # p2; p0 is equal but solved
+    g, m1 = one_batch(lambda: _groups([[0.0, 0.0], [1.0, 1.0]]), torch.ones(1), 2)
+    assert m1 == {}  # no grader's verdicts: nothing claimed
+    g.correct = torch.tensor([False, False, True, True])
+    assert sampled_metrics([g], torch.ones(1), 2)["sampled/stuck_groups"] == 0.5
+
+
+def test_a_run_logs_what_it_sampled(tmp_path, tiny_model_dir):
+    """Without dynamic sampling the sampled groups are the trained batch."""
+    _, rows = _run(tmp_path, tiny_model_dir, "s", max_steps=2)
+    for r in rows:
+        assert r["sampled/accuracy"] == pytest.approx(r["accuracy"])
+        assert 0 <= r["sampled/stuck_groups"] <= 1 - r["sampled/solved_groups"]
+        assert r["sampled/solved_groups"] + r["sampled/failed_groups"] <= 1
+
+
 def test_dynamic_sampling_resumes_exactly(tmp_path, tiny_model_dir):
     kw = dict(dynamic_sampling=True, max_num_gen_batches=2, max_steps=4, save_steps=2)
     ta, a = _run(tmp_path, tiny_model_dir, "a", **kw)
@@ -249,7 +277,7 @@ def test_dynamic_sampling_resumes_exactly(tmp_path, tiny_model_dir):
     tc, _ = _run(tmp_path, tiny_model_dir, "b", resume=True, **kw)
     b = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    keys = ("loss", "reward", "grad_norm", "dynamic_sampling/num_gen_batches")
+    keys = ("loss", "reward", "grad_norm", "dynamic_sampling/num_gen_batches", "sampled/accuracy")
     for ra, rb in zip(a, b):
         for k in keys:
             assert ra[k] == rb[k], (ra["step"], k)
