@@ -23,7 +23,9 @@ the same order (arithmetic, 1-2 digit operands, grpokit's seeded order written t
 TRL reads unshuffled), the same seed, G=8, 32 completions per optimizer step (micro-batch 16 x
 accumulation 2), bf16 autocast with fp32 weights, temperature 0.8, loss dapo, lr 1e-5 constant.
 Each side runs in its own subprocess (grpokit in ``.venv``, TRL in ``.venv-bench``) so its
-peak RSS is the child's ``ru_maxrss``. The first round (generation + num_iterations optimizer
+peak RSS is the child's ``ru_maxrss`` (grpokit's read when training ends, before the child
+measures this machine's rates with a 1 GiB buffer; before 2026-11-26 it was read after, which
+could add up to 1 GiB to grpokit's figure), with the peak of each phase beside it. The first round (generation + num_iterations optimizer
 steps) is a warm-up and is not counted; "s/step" is the median round time / num_iterations.
 
 Before timing, ``--_child check`` feeds one identical batch (prompt + completion ids, old and
@@ -123,6 +125,31 @@ def _in_phase(fn, name: str):
     return wrapper
 
 
+def _phase_peak(fn, name: str, store: dict, skip):
+    """``fn`` with the process's peak RSS during each call kept in ``store[name]`` (GB, the
+    highest over calls but those where ``skip()``): VmHWM reset to the current RSS before
+    (``/proc/self/clear_refs`` 5), read after. Which phase sets the step's peak, not a guess;
+    empty where Linux lets no process reset it."""
+
+    def wrapper(*a, **k):
+        if skip():
+            return fn(*a, **k)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            return fn(*a, **k)
+        out = fn(*a, **k)
+        with open("/proc/self/status") as f:
+            hwm = next((ln for ln in f if ln.startswith("VmHWM:")), None)
+        if hwm:
+            gb = int(hwm.split()[1]) / 1024**2
+            store[name] = max(store.get(name, 0.0), gb)
+        return out
+
+    return wrapper
+
+
 def _forced(orig):
     """``generate`` with min_new_tokens = max_new_tokens (no EOS before the maximum)."""
     import dataclasses
@@ -202,10 +229,17 @@ def child_grpokit(spec: dict) -> dict:
     seen: dict = {}
     _autocast_probe(trainer.model, seen)
     trainer.engine.generate = _in_phase(trainer.engine.generate, "generation")
+    # peak RSS by phase over every round but a profiled one (the warm-up's first AdamW step too)
+    last = spec["steps"] - spec["num_iterations"] if spec.get("profile") else spec["steps"] + 1
+    peaks: dict = {}
+    for obj, attr, phase in ((trainer.engine, "generate", "generation"),
+                             (trainer.reference, "logps", "reference"),
+                             (trainer, "optimizer_step", "training")):  # fmt: skip
+        fn = getattr(obj, attr)
+        setattr(obj, attr, _phase_peak(fn, phase, peaks, lambda: trainer.step >= last))
     profile: dict = {}
     before: dict = {}  # peak RSS before the profiled round: the profiler's records are not the run's
     if spec.get("profile"):  # the last round runs under torch.profiler and is not timed
-        last = spec["steps"] - spec["num_iterations"]
 
         def due() -> bool:
             if trainer.step >= last and "rss" not in before:  # the peak the timed rounds made
@@ -219,6 +253,9 @@ def child_grpokit(spec: dict) -> dict:
     dt = "bf16" if spec["bf16"] else "fp32"
     setup = time.time() - t0
     trainer.train()
+    # the run's peak, before this process measures its rates (the 1 GiB read buffer alone
+    # can grow a fragmented heap by 1 GiB; TRL's process measures nothing after training)
+    trained_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     steps = []
     with open(Path(spec["output_dir"]) / "metrics.jsonl") as f:
         for line in f:
@@ -259,6 +296,8 @@ def child_grpokit(spec: dict) -> dict:
         "read_gbps": _read_gbps(),
         "profile": profile,
         "rss_before_profile_gb": before.get("rss"),
+        "phase_peak_gb": peaks,
+        "trained_peak_gb": trained_peak,
         "engine_start_seconds": getattr(trainer.engine, "start_seconds", None),
     }
 
@@ -956,6 +995,7 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     row("... limit: generation / reference / training s", "limit_parts", "{}")
     row("**s / step over the limit**", "of_limit")
     row("**peak RSS GB** (vllm-server: trainer + server)", "rss_gb", src="top")
+    row("... peak RSS GB in generation / reference / training", "phase_peaks", "{}", src="top")
     row("setup s (load, not timed)", "setup_seconds", "{:.1f}", src="top")
     if extra:
         row("vLLM engine start-up s (not timed)", "engine_start_seconds", "{:.1f}", src="top")
@@ -1133,13 +1173,16 @@ def main() -> int:
                 rss += server_rss
             # with --profile: the peak of the timed rounds, before the profiled one (the
             # profiler's event records grow the heap by gigabytes)
-            r["rss_gb"] = r.get("rss_before_profile_gb") or rss
+            r["rss_gb"] = r.get("rss_before_profile_gb") or r.get("trained_peak_gb") or rss
+            pk, order = r.get("phase_peak_gb") or {}, ("generation", "reference", "training")
+            r["phase_peaks"] = " / ".join(f"{pk[k]:.2f}" if k in pk else "-" for k in order)
             r["wall_seconds"] = time.time() - t0
             r["summary"] = summarize(r, mu, spec=side_spec)
             rows[side] = r
             print(
                 f"({name}) {side}: {r['summary'].get('step', float('nan')):.2f} s/step, "
-                f"peak RSS {r['rss_gb']:.2f} GB (process {rss:.2f}), wall "
+                f"peak RSS {r['rss_gb']:.2f} GB (process {rss:.2f}; generation / reference / "
+                f"training {r['phase_peaks']}), wall "
                 f"{r['wall_seconds']:.0f}s, autocast {r['autocast']}",
                 flush=True,
             )
@@ -1172,12 +1215,12 @@ def sweep(a, base: dict, work: Path, out: Path, rounds: int) -> int:
             print(f"L={L} FAILED:\n{tail}", flush=True)
             continue
         sm = summarize(r, 1, warmup_rounds=1 if rounds else 0, spec=spec)  # 0: the one step
-        report[L] = dict(sm, rss_gb=rss)
+        report[L] = dict(sm, rss_gb=r.get("trained_peak_gb") or rss)
         lines.append(
             f"| {L} | {sm['step']:.2f} | {sm['generation']:.2f} | {sm['reference']:.2f} | "
             f"{sm['training']:.2f} | {sm['tokens_per_s']:.0f} | {sm.get('train_gflops', 0):.0f} | "
             f"{sm.get('limit_step', float('nan')):.2f} | {sm.get('of_limit', float('nan')):.2f} | "
-            f"{rss:.2f} |"
+            f"{report[L]['rss_gb']:.2f} |"
         )
         print(lines[-1], flush=True)
     print("\n" + "\n".join(lines))

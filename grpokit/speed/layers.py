@@ -20,10 +20,12 @@ its output, two (tokens, in_features) float tensors per adapted layer: for SmolL
 the model's own activations (measured with ``saved_tensors_hooks``). :class:`DropoutLinear`
 keeps the layer's input (shared by q/k/v and by gate/up, kept by the adapter anyway) and a
 one-byte mask drawn by :func:`keep_mask`, ~5x faster than torch's CPU ``bernoulli_``
-(which was ~22% of a LoRA training phase here): forward values as PEFT computes them for a
-given mask, gradients equal up to the order of float summation; the masks themselves come
-from another generator than PEFT's, so a run with LoRA dropout draws other (equally likely)
-masks than PEFT would.
+(which was ~22% of a LoRA training phase here). The dropout's ``1 / (1 - p)`` and the
+adapter's scaling are one scalar inside B's product, which also adds the base layer's output
+(``addmm``): no elementwise pass scales the (tokens, in) input or the (tokens, out) output.
+Values and gradients equal PEFT's for a given mask up to float rounding (products summed in
+another order); the masks themselves come from another generator than PEFT's, so a run with
+LoRA dropout draws other (equally likely) masks than PEFT would.
 
 :func:`lean_layers` swaps these into a model for the duration of a block: the MLPs whose
 forward is Llama's (Llama, Mistral, Qwen2/3, SmolLM3, OLMo share it, checked by its code),
@@ -114,49 +116,59 @@ def keep_mask(shape, p: float) -> torch.Tensor:
 
 
 class DropoutLinear(torch.autograd.Function):
-    """``F.linear(dropout(x, p), w)`` (a LoRA adapter's ``lora_A(lora_dropout(x))``) that
-    keeps ``x`` and a one-byte mask for the backward instead of the dropout's float noise and
-    its output, both (tokens, in_features) float tensors per adapted layer; ``x`` is shared by
-    the layers that read it (q/k/v, gate/up) and kept by the adapter anyway. The mask comes
-    from :func:`keep_mask`; kept entries are scaled by ``1 / (1 - p)`` rounded as torch's
-    dropout rounds it. Drawing the mask again in the backward instead of keeping it was
-    measured and dropped (it doubled the costliest op of the phase)."""
+    """``F.linear(x * keep, w)``: a LoRA adapter's ``lora_A(lora_dropout(x))`` without the
+    dropout's ``1 / (1 - p)`` scale, which the caller folds into the adapter's own scaling (a
+    scalar applied inside B's product: no pass over any tensor). It keeps ``x`` and a one-byte
+    mask for the backward instead of the dropout's float noise and its output, both (tokens,
+    in_features) float tensors per adapted layer; ``x`` is shared by the layers that read it
+    (q/k/v, gate/up) and kept by the adapter anyway. The mask comes from :func:`keep_mask`.
+    Drawing the mask again in the backward instead of keeping it was measured and dropped (it
+    doubled the costliest op of the phase)."""
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")  # the backward runs under the forward's autocast
     def forward(ctx, x, w, p: float):
         keep = keep_mask(x.shape, p)
-        scale = x.new_ones(()).div_(1 - p)  # the kept entries' value, as dropout rounds it
-        ctx.save_for_backward(x, w, keep, scale)
-        return F.linear(x * torch.where(keep, scale, 0.0), w)
+        ctx.save_for_backward(x, w, keep)
+        return F.linear(x * keep, w)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
     def backward(ctx, grad):
-        x, w, keep, scale = ctx.saved_tensors
-        noise = torch.where(keep, scale, 0.0)
+        x, w, keep = ctx.saved_tensors
         grad_x = grad_w = None
         if ctx.needs_input_grad[1]:
-            xd = x * noise
+            xd = x * keep
             grad_w = grad.reshape(-1, grad.shape[-1]).t().mm(xd.reshape(-1, xd.shape[-1]))
         if ctx.needs_input_grad[0]:
-            grad_x = grad.matmul(w) * noise
+            grad_x = grad.matmul(w) * keep
         return grad_x, grad_w, None
 
 
 def _lean_lora_forward(self, x, *args, **kwargs):
-    """PEFT's LoRA ``Linear.forward`` for one plain adapter in training, its dropout through
-    :class:`DropoutLinear` (under no_grad it keeps nothing anyway: PEFT's own path)."""
+    """PEFT's LoRA ``Linear.forward`` for one plain adapter in training: ``base(x) + scaling *
+    B(A(dropout(x)))`` with the dropout through :class:`DropoutLinear` (under no_grad it keeps
+    nothing anyway: PEFT's own path) and the scaling (times the dropout's ``1 / (1 - p)``)
+    inside B's product, which also adds the base output (one ``addmm``: no separate scale and
+    add passes over the (tokens, out_features) output)."""
     (a,) = linear_parts(self)[1]  # the one unmerged active adapter (lean_loras)
     result = self.base_layer(x, *args, **kwargs)
     drop = self.lora_dropout[a]
     A, B = self.lora_A[a], self.lora_B[a]
-    xa = x.to(A.weight.dtype)
+    xa, scale = x.to(A.weight.dtype), self.scaling[a]
     if isinstance(drop, torch.nn.Dropout) and drop.training and drop.p > 0:
-        h = DropoutLinear.apply(xa, A.weight, drop.p) if torch.is_grad_enabled() else A(drop(xa))
+        if torch.is_grad_enabled():
+            h, scale = DropoutLinear.apply(xa, A.weight, drop.p), scale / (1 - drop.p)
+        else:
+            h = A(drop(xa))
     else:
         h = A(drop(xa))
-    return (result + B(h) * self.scaling[a]).to(result.dtype)
+    if B.bias is not None or not isinstance(scale, (int, float)):
+        return (result + B(h) * scale).to(result.dtype)
+    out = torch.addmm(
+        result.reshape(-1, result.shape[-1]), h.reshape(-1, h.shape[-1]), B.weight.t(), alpha=scale
+    )
+    return out.view(result.shape).to(result.dtype)
 
 
 class _Recompute:
