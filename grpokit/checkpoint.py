@@ -36,12 +36,25 @@ class NoSpaceError(OSError):
     change."""
 
 
-def _is_no_space(e: BaseException) -> bool:
+# Free bytes under which a failed write with no OS error attached is taken for a full disk
+NEARLY_FULL = 16 * 2**20
+
+
+def _is_no_space(e: BaseException, where: Path | None = None) -> bool:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     # safetensors reports a failed write as its own error class, with the OS's words in it
     text = str(e)
-    return "No space left on device" in text or "Disk quota exceeded" in text
+    if "No space left on device" in text or "Disk quota exceeded" in text:
+        return True
+    # torch.save's zip writer says only "iostream error" / "unexpected pos N vs M": judged
+    # by the space left where it was writing
+    if where is None or not isinstance(e, RuntimeError):
+        return False
+    try:
+        return shutil.disk_usage(where).free < NEARLY_FULL
+    except OSError:
+        return False
 
 
 def _size(path: Path) -> int:
@@ -55,7 +68,7 @@ def written_or_removed(tmp: Path, what: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if not _is_no_space(e):
+        if not _is_no_space(e, tmp.parent):
             raise
         done = _size(tmp)
         shutil.rmtree(tmp, ignore_errors=True)

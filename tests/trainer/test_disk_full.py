@@ -108,3 +108,18 @@ def test_when_a_checkpoint_fits_but_the_final_model_does_not_resume_is_offered(
     assert "--resume: it continues from" in last and "checkpoint-2" in last, last
     assert (keep / "checkpoint-2" / "trainer_state.json").exists()
     assert not (keep / "final").exists() and not (keep / ".final.tmp").exists()
+
+
+def test_a_disk_that_fills_during_the_optimizer_state_is_said_as_full(tmp_path, tiny_model_dir):
+    """Room for the model's weights (~130 KB), not for the optimizer state next to them
+    (~270 KB): torch.save's writer fails with a stream error that names no OS error (as on a
+    real disk that filled up under a 50-step run), and that is told as a full disk too."""
+    r, out, keep = _train_on_tmpfs(
+        tmp_path, tiny_model_dir, "256k", max_steps=1, write_report=False
+    )
+
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = [x for x in r.stderr.splitlines() if "not saved: no space left on device" in x]
+    assert lines and lines[0].split(" not saved")[0].endswith("checkpoint-1"), r.stderr[-3000:]
+    assert not [p.name for p in keep.iterdir() if p.name.startswith(".checkpoint")]
+    assert not list(keep.glob("checkpoint-*"))
