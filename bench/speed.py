@@ -25,7 +25,7 @@ accumulation 2), bf16 autocast with fp32 weights, temperature 0.8, loss dapo, lr
 Each side runs in its own subprocess (grpokit in ``.venv``, TRL in ``.venv-bench``) so its
 peak RSS is the child's ``ru_maxrss`` (grpokit's read when training ends, before the child
 measures this machine's rates with a 1 GiB buffer; before 2026-11-26 it was read after, which
-could add up to 1 GiB to grpokit's figure), with the peak of each phase beside it. The first round (generation + num_iterations optimizer
+could add up to 1 GiB to grpokit's figure), with the most each of grpokit's phases raised it. The first round (generation + num_iterations optimizer
 steps) is a warm-up and is not counted; "s/step" is the median round time / num_iterations.
 
 Before timing, ``--_child check`` feeds one identical batch (prompt + completion ids, old and
@@ -125,11 +125,20 @@ def _in_phase(fn, name: str):
     return wrapper
 
 
-def _phase_peak(fn, name: str, store: dict, skip):
-    """``fn`` with the process's peak RSS during each call kept in ``store[name]`` (GB, the
-    highest over calls but those where ``skip()``): VmHWM reset to the current RSS before
-    (``/proc/self/clear_refs`` 5), read after. Which phase sets the step's peak, not a guess;
-    empty where Linux lets no process reset it."""
+def _vm(key: str) -> float:
+    """A ``/proc/self/status`` memory line (VmRSS, VmHWM) in GB."""
+    with open("/proc/self/status") as f:
+        line = next((ln for ln in f if ln.startswith(key + ":")), None)
+    return int(line.split()[1]) / 1024**2 if line else 0.0
+
+
+def _phase_peak(fn, name: str, store: dict, skip, step):
+    """``fn`` with the most the process's RSS rose above its level at the call's start kept
+    in ``store[name]`` as (GB, the optimizer step it happened before), over calls but those
+    where ``skip()``: VmHWM reset to the current RSS before (``/proc/self/clear_refs`` 5),
+    read after. With ``./run``'s heap, which keeps what is freed, RSS never falls: a phase
+    that rises is one whose live blocks no longer fit the heap's holes, i.e. what sets the
+    peak; not a guess. Nothing where Linux lets no process reset VmHWM."""
 
     def wrapper(*a, **k):
         if skip():
@@ -139,12 +148,11 @@ def _phase_peak(fn, name: str, store: dict, skip):
                 f.write("5")
         except OSError:
             return fn(*a, **k)
+        start = _vm("VmRSS")
         out = fn(*a, **k)
-        with open("/proc/self/status") as f:
-            hwm = next((ln for ln in f if ln.startswith("VmHWM:")), None)
-        if hwm:
-            gb = int(hwm.split()[1]) / 1024**2
-            store[name] = max(store.get(name, 0.0), gb)
+        rise = _vm("VmHWM") - start
+        if rise > store.get(name, (0.0, 0))[0]:
+            store[name] = (rise, step() + 1)
         return out
 
     return wrapper
@@ -236,7 +244,8 @@ def child_grpokit(spec: dict) -> dict:
                              (trainer.reference, "logps", "reference"),
                              (trainer, "optimizer_step", "training")):  # fmt: skip
         fn = getattr(obj, attr)
-        setattr(obj, attr, _phase_peak(fn, phase, peaks, lambda: trainer.step >= last))
+        wrapped = _phase_peak(fn, phase, peaks, lambda: trainer.step >= last, lambda: trainer.step)
+        setattr(obj, attr, wrapped)
     profile: dict = {}
     before: dict = {}  # peak RSS before the profiled round: the profiler's records are not the run's
     if spec.get("profile"):  # the last round runs under torch.profiler and is not timed
@@ -995,7 +1004,12 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     row("... limit: generation / reference / training s", "limit_parts", "{}")
     row("**s / step over the limit**", "of_limit")
     row("**peak RSS GB** (vllm-server: trainer + server)", "rss_gb", src="top")
-    row("... peak RSS GB in generation / reference / training", "phase_peaks", "{}", src="top")
+    row(
+        "... most the RSS rose in generation / reference / training GB",
+        "phase_peaks",
+        "{}",
+        src="top",
+    )
     row("setup s (load, not timed)", "setup_seconds", "{:.1f}", src="top")
     if extra:
         row("vLLM engine start-up s (not timed)", "engine_start_seconds", "{:.1f}", src="top")
@@ -1175,14 +1189,16 @@ def main() -> int:
             # profiler's event records grow the heap by gigabytes)
             r["rss_gb"] = r.get("rss_before_profile_gb") or r.get("trained_peak_gb") or rss
             pk, order = r.get("phase_peak_gb") or {}, ("generation", "reference", "training")
-            r["phase_peaks"] = " / ".join(f"{pk[k]:.2f}" if k in pk else "-" for k in order)
+            r["phase_peaks"] = " / ".join(
+                f"+{pk[k][0]:.2f} (step {pk[k][1]})" if k in pk else "-" for k in order
+            )
             r["wall_seconds"] = time.time() - t0
             r["summary"] = summarize(r, mu, spec=side_spec)
             rows[side] = r
             print(
                 f"({name}) {side}: {r['summary'].get('step', float('nan')):.2f} s/step, "
-                f"peak RSS {r['rss_gb']:.2f} GB (process {rss:.2f}; generation / reference / "
-                f"training {r['phase_peaks']}), wall "
+                f"peak RSS {r['rss_gb']:.2f} GB (process {rss:.2f}; most RSS rose in generation "
+                f"/ reference / training {r['phase_peaks']}), wall "
                 f"{r['wall_seconds']:.0f}s, autocast {r['autocast']}",
                 flush=True,
             )
