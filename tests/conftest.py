@@ -39,3 +39,12 @@ def _no_auto_report(request, monkeypatch):
     from grpokit.status import RunStatus
 
     monkeypatch.setattr(RunStatus, "write_report", lambda self, step: None)
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_runs_every_program():
+    """The code reward remembers recent verdicts (one sandbox run per program): each test
+    starts without them, so its programs really run."""
+    from grpokit.rewards.code import forget_scores
+
+    forget_scores()

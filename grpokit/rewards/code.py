@@ -8,8 +8,11 @@ string; no ``language`` means Python). Python runs the last ```` ```python ```` 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
+from collections import OrderedDict
 
 from grpokit.rewards.registry import register_reward
 from grpokit.rewards.text import completion_text
@@ -25,6 +28,8 @@ _BLOCKS = {
     for lang, tags in FENCES.items()
 }
 BINARY_THRESHOLD = 0.99  # open-r1's binary_code: a pass rate above this counts as solved
+RECENT_SCORES = 4096  # sandbox verdicts kept (see ``code_scores``)
+_recent: OrderedDict[bytes, float] = OrderedDict()
 
 
 def extract_code(completion, language: str = "python") -> str | None:
@@ -61,20 +66,53 @@ def code_scores(
 ) -> list[float]:
     """Fraction of its row's test cases each completion's last block (in the row's language)
     passes, 0.0 without a block or when C++ does not compile; the ``code`` reward, and the
-    ``code`` task's grader (through ``binary_score``)."""
-    jobs, idx = [], []
-    out = [0.0] * len(completions)
-    for i, (c, info) in enumerate(zip(completions, verification_info)):
+    ``code`` task's grader (through ``binary_score``).
+
+    The same program against the same cases under the same limits runs once: within a call
+    (a group's identical completions) and across the last ``RECENT_SCORES`` verdicts, so the
+    task's grader (a step's accuracy) reuses the verdict the reward just paid a sandbox run
+    for, and both always agree."""
+    limits = {"timeout": timeout, "memory_mb": memory_mb, "isolation": isolation}
+    level = isolation or os.environ.get("GRPOKIT_SANDBOX_ISOLATION") or "auto"
+    keys: list[bytes | None] = []
+    got: dict[bytes, float] = {}
+    todo: dict[bytes, tuple] = {}
+    for c, info in zip(completions, verification_info):
         language, cases = parse_info(info)
         code = extract_code(c, language)
+        key = None
         if code is not None:
-            jobs.append((code, cases, language))
-            idx.append(i)
-    limits = {"timeout": timeout, "memory_mb": memory_mb, "isolation": isolation}
-    scores = score_many(jobs, max_workers=workers, compile_timeout=compile_timeout, **limits)
-    for i, s in zip(idx, scores):
-        out[i] = s
-    return out
+            key = _job_key(code, cases, language, {**limits, "isolation": level}, compile_timeout)
+            if key in _recent:
+                got[key] = _recent[key]
+            else:
+                todo.setdefault(key, (code, cases, language))
+        keys.append(key)
+    if todo:
+        scores = score_many(
+            list(todo.values()), max_workers=workers, compile_timeout=compile_timeout, **limits
+        )
+        for key, s in zip(todo, scores):
+            got[key] = s
+            _remember(key, s)
+    return [0.0 if k is None else got[k] for k in keys]
+
+
+def _job_key(code: str, cases: list, language: str, limits: dict, compile_timeout) -> bytes:
+    what = [code, cases, language, limits, compile_timeout]
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).digest()
+
+
+def _remember(key: bytes, score: float) -> None:
+    _recent[key] = score
+    _recent.move_to_end(key)
+    while len(_recent) > RECENT_SCORES:
+        _recent.popitem(last=False)
+
+
+def forget_scores() -> None:
+    """Drop the remembered verdicts (tests that must see every program run)."""
+    _recent.clear()
 
 
 def _limits(timeout, memory_mb, workers, isolation, compile_timeout) -> dict:

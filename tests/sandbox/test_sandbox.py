@@ -247,6 +247,44 @@ def test_pool_is_bounded(monkeypatch):
     assert peak[0] == 2
 
 
+def test_one_sandbox_run_per_program_reward_and_grader_agree(monkeypatch):
+    """A group's identical completions run once; the task's grader (a step's accuracy) and
+    the reward reuse one verdict; other limits, cases or isolation levels run again."""
+    from grpokit.rewards import code as code_reward
+    from grpokit.tasks import get_task
+
+    ran = []
+    real = code_reward.score_many
+
+    def counting(jobs, **kw):
+        ran.extend(j[0] for j in jobs)
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(code_reward, "score_many", counting)
+    good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    bad = "```python\nprint(3)\n```"
+    fn = get_reward_funcs(["code"])[0]
+    assert fn(None, [good, bad, good, "no code", good], verification_info=[INFO] * 5) == [
+        1.0, 0.5, 1.0, 0.0, 1.0,
+    ]  # fmt: skip
+    assert len(ran) == 2
+    task = get_task("code")
+    row = {"verification_info": INFO}
+    assert task.is_correct(good, row) and not task.is_correct(bad, row)
+    assert len(ran) == 2  # the grader reused the reward's verdicts
+    assert get_reward_funcs([{"code": {"timeout": 2}}])[0](
+        None, [good], verification_info=[INFO]
+    ) == [1.0]
+    other = {"test_cases": CASES[:1]}
+    assert fn(None, [bad], verification_info=[other]) == [1.0]
+    monkeypatch.setenv("GRPOKIT_SANDBOX_ISOLATION", "uid" if ROOT else "userns")
+    assert fn(None, [bad], verification_info=[INFO]) == [0.5]
+    assert len(ran) == 5
+    monkeypatch.setattr(code_reward, "RECENT_SCORES", 1)
+    fn(None, [good, bad, good], verification_info=[INFO] * 3)  # more than kept: still right
+    assert len(code_reward._recent) == 1
+
+
 def test_code_task_splits_and_grader():
     from grpokit.tasks import get_task
 
