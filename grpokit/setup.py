@@ -23,7 +23,16 @@ from grpokit.config import ConfigError, GRPOConfig, check_processes
 from grpokit.evaluation import held_out_rows
 from grpokit.forward import LogProbs, cast_lm_head_to_fp32, is_checkpointing
 from grpokit.launch import Launch, check_launch
-from grpokit.optim import EIGHT_BIT, LOW_PRECISION, build_optimizer, build_scheduler, params_to_clip
+from grpokit.optim import (
+    EIGHT_BIT,
+    LOW_PRECISION,
+    FreedGradients,
+    KeptGradients,
+    allocate_state,
+    build_optimizer,
+    build_scheduler,
+    params_to_clip,
+)
 from grpokit.prompts import PromptSampler
 from grpokit.reference import Reference, frozen_copy
 from grpokit.rollout.base import SamplingParams
@@ -341,6 +350,7 @@ class Optimization:
     logprobs: LogProbs
     plan: MicroBatchPlan
     gradients: GradientPass
+    grads: KeptGradients | FreedGradients  # the buffers between steps
 
 
 def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: int):
@@ -361,6 +371,9 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
     else:
         sparse_tied_embedding_grad(m.model)
     params = params_to_clip(optimizer, params)  # the fp32 master weights when there are any
+    grads = FreedGradients(optimizer) if strategy.sharded else KeptGradients(params)
+    if not strategy.sharded:
+        allocate_state(optimizer)
     logprobs, gradients = _step_pieces(cfg, m, strategy, device)
     reference = Reference(
         m.model,
@@ -376,7 +389,7 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
         max_tokens=cfg.max_micro_batch_tokens or None,
     )
     scheduler = build_scheduler(optimizer, cfg, total_steps)
-    return Optimization(params, optimizer, scheduler, reference, logprobs, plan, gradients)
+    return Optimization(params, optimizer, scheduler, reference, logprobs, plan, gradients, grads)
 
 
 def _check_sharded_optimizer(cfg, params: list, strategy) -> None:

@@ -248,6 +248,7 @@ class GRPOTrainer:
         self.strategy.begin_step()
         pieces = o.plan(b.rollout, keep_order=c.loss_type == "bnpo")
         g = o.gradients.run(b, pieces, self.step + 1)
+        o.grads.hold_back_unused()
         finite = bool(dist.all_reduce_sum(torch.tensor(0.0 if g.finite else 1.0)).item() == 0.0)
         grad_norm = torch.tensor(float("nan"))
         if finite:
@@ -263,7 +264,7 @@ class GRPOTrainer:
             if self.strategy.steps_in_backward:
                 log.warning("DeepSpeed applied this step's update inside backward; not skipped")
             self.nonfinite.skip(self.step + 1, b, self.model, self.counters)
-        o.optimizer.zero_grad(set_to_none=True)
+        o.grads.zero()
         o.scheduler.step()
         self.step += 1
         self.reference.after_step(self.step)
