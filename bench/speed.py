@@ -158,6 +158,17 @@ def _phase_peak(fn, name: str, store: dict, skip, step):
     return wrapper
 
 
+def _after(fn, then):
+    """``fn``, then ``then()``."""
+
+    def wrapper(*a, **k):
+        out = fn(*a, **k)
+        then()
+        return out
+
+    return wrapper
+
+
 def _forced(orig):
     """``generate`` with min_new_tokens = max_new_tokens (no EOS before the maximum)."""
     import dataclasses
@@ -246,6 +257,8 @@ def child_grpokit(spec: dict) -> dict:
         fn = getattr(obj, attr)
         wrapped = _phase_peak(fn, phase, peaks, lambda: trainer.step >= last, lambda: trainer.step)
         setattr(obj, attr, wrapped)
+    step_rss: list[float] = []  # VmRSS after each optimizer step: where the heap still grows
+    trainer.optimizer_step = _after(trainer.optimizer_step, lambda: step_rss.append(_vm("VmRSS")))
     profile: dict = {}
     before: dict = {}  # peak RSS before the profiled round: the profiler's records are not the run's
     if spec.get("profile"):  # the last round runs under torch.profiler and is not timed
@@ -306,6 +319,7 @@ def child_grpokit(spec: dict) -> dict:
         "profile": profile,
         "rss_before_profile_gb": before.get("rss"),
         "phase_peak_gb": peaks,
+        "step_rss_gb": step_rss,
         "trained_peak_gb": trained_peak,
         "engine_start_seconds": getattr(trainer.engine, "start_seconds", None),
     }
@@ -1202,6 +1216,9 @@ def main() -> int:
                 f"{r['wall_seconds']:.0f}s, autocast {r['autocast']}",
                 flush=True,
             )
+            if r.get("step_rss_gb"):
+                after = " ".join(f"{x:.2f}" for x in r["step_rss_gb"])
+                print(f"({name}) {side}: RSS GB after each optimizer step: {after}", flush=True)
         report["configs"][name] = rows
         print("\n" + format_table(name, c["label"], rows) + "\n", flush=True)
         if rows.get("grpokit", {}).get("profile"):
