@@ -120,13 +120,11 @@ def allocate_state(optimizer) -> None:
             state = inner.state[p]
             if state:
                 continue
-            on_device = group["capturable"] or group["fused"]
-            dtype = _get_scalar_dtype(is_fused=group["fused"]) if on_device else None
-            state["step"] = (
-                torch.zeros((), dtype=dtype, device=p.device)
-                if on_device
-                else torch.tensor(0.0, dtype=_get_scalar_dtype())
-            )
+            if group["capturable"] or group["fused"]:
+                kind = _get_scalar_dtype(is_fused=group["fused"])
+                state["step"] = torch.zeros((), dtype=kind, device=p.device)
+            else:
+                state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
             moments = ["exp_avg", "exp_avg_sq"] + (["max_exp_avg_sq"] if group["amsgrad"] else [])
             for name in moments:
                 state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -146,7 +144,6 @@ class KeptGradients:
     def __init__(self, params: list):
         self.params = params  # the tensors the optimizer steps (fp32 masters where any)
         self.buffers = [torch.zeros_like(p) for p in params]
-        self.held: dict[int, torch.Tensor] = {}
         self._restore()
 
     def _restore(self) -> None:
@@ -156,11 +153,9 @@ class KeptGradients:
 
     def hold_back_unused(self) -> None:
         """After the step's backwards, before the gradients are summed, clipped and stepped."""
-        self.held = {}
-        for i, (p, buf) in enumerate(zip(self.params, self.buffers)):
-            if p.grad is buf and buf._version == self.versions[i]:
-                p.grad = None
-                self.held[i] = buf
+        for p, buf, version in zip(self.params, self.buffers, self.versions):
+            if p.grad is buf and buf._version == version:
+                p.grad = None  # back on the parameter in ``zero``
 
     def zero(self) -> None:
         """After the optimizer step: every buffer back on its parameter, zeroed."""

@@ -371,8 +371,10 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
     else:
         sparse_tied_embedding_grad(m.model)
     params = params_to_clip(optimizer, params)  # the fp32 master weights when there are any
-    grads = FreedGradients(optimizer) if strategy.sharded else KeptGradients(params)
-    if not strategy.sharded:
+    if strategy.sharded:
+        grads = FreedGradients(optimizer)
+    else:
+        grads = KeptGradients(params)
         allocate_state(optimizer)
     logprobs, gradients = _step_pieces(cfg, m, strategy, device)
     reference = Reference(
