@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.rollout.base import Rollout
+from grpokit.speed.prefix import MIN_SHARED_PREFIX, shared_prefix_length
 
 # fixed cost of one more forward pass, in token positions (measured: 64 split too finely)
 FORWARD_COST_TOKENS = 256
@@ -35,13 +36,16 @@ def loss_mask(ro: Rollout, mask_truncated: bool) -> torch.Tensor:
     return mask
 
 
-def split_rows(order, plen, clen, group, mb: int, share: bool, max_tokens: int | None = None):
+def split_rows(
+    order, plen, clen, group, mb: int, share: bool, max_tokens: int | None = None, common: int = 0
+):
     """(cost, micro-batches): ``order`` cut into consecutive pieces of at most ``mb`` rows,
     cut points chosen by dynamic programming to minimise the token positions the forward
-    passes compute (with ``share``: each distinct group's prompt once, then one token more
-    than the longest completion per row) plus FORWARD_COST_TOKENS per piece. ``max_tokens``:
-    no piece of two rows or more computes more token positions than that (a longer row
-    alone still runs)."""
+    passes compute (with ``share``: each distinct group's prompt once, of which the first
+    ``common`` tokens, a prefix every prompt starts with, once for all groups; then one
+    token more than the longest completion per row) plus FORWARD_COST_TOKENS per piece.
+    ``max_tokens``: no piece of two rows or more computes more token positions than that (a
+    longer row alone still runs)."""
     o = order.tolist()
     P, C, g = plen[order].tolist(), clen[order].tolist(), group[order].tolist()
     N = len(o)
@@ -54,7 +58,8 @@ def split_rows(order, plen, clen, group, mb: int, share: bool, max_tokens: int |
             pk, ck = max(pk, P[j]), max(ck, C[j])
             seen.add(g[j])
             n = i - j
-            tokens = len(seen) * (pk - 1) + n * (ck + 1) if share else n * (pk + ck)
+            prompts = common + len(seen) * (pk - 1 - common)
+            tokens = prompts + n * (ck + 1) if share else n * (pk + ck)
             if max_tokens and n > 1 and tokens > max_tokens:
                 break  # more rows only add positions
             c = best[j] + tokens + FORWARD_COST_TOKENS
@@ -85,7 +90,7 @@ class MicroBatchPlan:
     the same number of forwards and backwards (sharded engines): rows sorted by length, cut
     every ``size``. Otherwise rows are ordered and split to make the forward passes cheap:
     each micro-batch pads to its own longest prompt and completion, and with ``share``
-    (the shared-prompt forward) each distinct prompt in it runs once. For three orders (by
+    (the shared-prompt forward) each distinct prompt in it runs once (a prefix common to all prompts once). For three orders (by
     total length, by completion length, whole groups by their longest completion) the split
     points are chosen by dynamic programming to minimise the token positions computed plus a
     fixed cost per forward pass, and the cheapest order is used.
@@ -104,9 +109,10 @@ class MicroBatchPlan:
         share: bool,
         fixed: bool = False,
         max_tokens: int | None = None,
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
     ):
         self.size, self.group_size, self.share, self.fixed = size, group_size, share, fixed
-        self.max_tokens = max_tokens
+        self.max_tokens, self.min_shared_prefix = max_tokens, min_shared_prefix
 
     def __call__(self, ro: Rollout, keep_order: bool = False) -> list[torch.Tensor]:
         N, mb = ro.completion_ids.shape[0], self.size
@@ -119,11 +125,15 @@ class MicroBatchPlan:
             order = torch.argsort(plen + clen, descending=True, stable=True)
             return [order[s : s + mb] for s in range(0, N, mb)]
         group = torch.arange(N, device=clen.device) // max(1, self.group_size)
+        common = 0  # the prefix the shared-prompt forward computes once (forward.py)
+        if self.share and self.min_shared_prefix:
+            common = shared_prefix_length(ro.prompt_ids[:, :-1], ro.prompt_mask[:, :-1])
+            common = common if common >= self.min_shared_prefix else 0
         candidates = [
             torch.argsort(plen + clen, descending=True, stable=True),
             torch.argsort(clen, descending=True, stable=True),
             _by_group(clen, group),
         ]
-        best = min((split_rows(o, plen, clen, group, mb, self.share, self.max_tokens)
+        best = min((split_rows(o, plen, clen, group, mb, self.share, self.max_tokens, common)
                     for o in candidates), key=lambda r: r[0])  # fmt: skip
         return best[1]

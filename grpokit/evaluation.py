@@ -14,6 +14,7 @@ import torch
 from grpokit.prompts import prompt_text, render_prompts, tokenize_prompts
 from grpokit.rollout.base import SamplingParams
 from grpokit.scoring import reward_name, score_rollout
+from grpokit.speed.fastdecode import keep_decoders
 
 log = logging.getLogger("grpokit")
 
@@ -126,16 +127,17 @@ def _summary(correct, formatted, lengths, truncated, per_func, examples, num_sam
 def evaluate_rows(engine, task, rows, reward_funcs, cfg, agent=None) -> dict[str, Any]:
     """``evaluate`` with a run config's batch size and lengths, timed (``seconds``)."""
     t0 = time.time()
-    r = evaluate(
-        engine,
-        task,
-        rows,
-        reward_funcs,
-        batch_size=cfg.per_device_eval_batch_size,
-        max_new_tokens=cfg.eval_max_completion_length or cfg.max_completion_length,
-        max_prompt_length=cfg.max_prompt_length,
-        agent=agent,
-    )
+    with keep_decoders():  # the weights packed for decoding once for all prompt batches
+        r = evaluate(
+            engine,
+            task,
+            rows,
+            reward_funcs,
+            batch_size=cfg.per_device_eval_batch_size,
+            max_new_tokens=cfg.eval_max_completion_length or cfg.max_completion_length,
+            max_prompt_length=cfg.max_prompt_length,
+            agent=agent,
+        )
     r["seconds"] = time.time() - t0
     return r
 

@@ -21,9 +21,15 @@ import torch
 from grpokit.algo import entropy_from_logits, linear_logprobs, selective_log_softmax
 from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
-from grpokit.rollout.kvcache import cache_kwarg, returned_cache
+from grpokit.rollout.kvcache import cache_kwarg, returned_cache, select_cache_rows
 from grpokit.speed.attention import shared_mask_attention
 from grpokit.speed.layers import lean_layers
+from grpokit.speed.prefix import (
+    MIN_SHARED_PREFIX,
+    shared_prefix_length,
+    split_prefix,
+    window_allows,
+)
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
@@ -116,11 +122,13 @@ class LogProbs:
         fused: bool = True,
         share_prompts: bool = True,
         entropy_grad: bool = False,
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
     ):
         self.temperature, self.amp_dtype = temperature, amp_dtype
         self.fused, self.share_prompts = fused, share_prompts
         # an entropy bonus needs the entropies' gradient (the fused head gives it when asked)
         self.entropy_grad = entropy_grad
+        self.min_shared_prefix = min_shared_prefix  # 0: every prompt computed whole
         self.train_positions = 0
 
     def __call__(self, model, ro: Rollout, rows, with_entropy: bool = False):
@@ -196,30 +204,24 @@ class LogProbs:
     def _forward_shared(self, model, head, p_ids, p_mask, c_ids, c_mask, shared):
         """The same numbers as one forward over [prompt | completion] rows, with each
         distinct prompt computed once: its tokens but the last run through the model for the
-        distinct prompts only, the KV cache is indexed out to every row (autograd sums the
-        rows' gradients back into the shared prompt), then each row runs [last prompt token |
-        completion] against it. Returns the hidden states (fused head) or logits predicting
-        ``c_ids``, (n, ck, .)."""
+        distinct prompts only (their common prefix once, ``_prompt_cache``), the KV cache is
+        indexed out to every row (autograd sums the rows' gradients back into the shared
+        prompt), then each row runs [last prompt token | completion] against it. Returns the
+        hidden states (fused head) or logits predicting ``c_ids``, (n, ck, .)."""
         first, inverse = shared
         ck = c_ids.shape[1]
-        pre_ids, pre_mask = p_ids[first, :-1], p_mask[first, :-1]  # (u, pk-1)
-        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
         ids = torch.cat([p_ids[:, -1:], c_ids], dim=1)  # (n, ck+1)
-        attn = torch.cat([p_mask, c_mask], dim=1)  # (n, pk+ck): the cached columns and these
         start = p_mask.sum(-1, keepdim=True) - 1  # position of the last prompt token
         pos = start + torch.arange(ck + 1, device=ids.device)[None]
         net = model if head is None else head[0]
         extra = {"logits_to_keep": 1} if head is None else {}
         with autocast(ids.device.type, self.amp_dtype):
-            prefix = net(
-                input_ids=pre_ids,
-                attention_mask=pre_mask,
-                position_ids=pre_pos,
-                use_cache=True,
-                **extra,
+            cache, cached_mask = self._prompt_cache(
+                net, p_ids[first, :-1], p_mask[first, :-1], ck + 1, extra
             )
-            cache = returned_cache(prefix)
-            cache.batch_select_indices(inverse)
+            select_cache_rows(cache, inverse)
+            # the cached columns (in the cache's layout) and these
+            attn = torch.cat([cached_mask[inverse], p_mask[:, -1:], c_mask], dim=1)
             out = net(
                 input_ids=ids,
                 attention_mask=attn,
@@ -229,6 +231,35 @@ class LogProbs:
                 **({"logits_to_keep": 0} if head is None else {}),
             )
         return (out.logits if head is None else out.last_hidden_state)[:, :ck]
+
+    def _prompt_cache(self, net, pre_ids, pre_mask, more: int, extra: dict):
+        """(KV cache, (u, W) mask of its columns) of the distinct prompts' tokens ``pre_ids``
+        (u, W), left-padded. When they start with a common prefix of at least
+        ``min_shared_prefix`` tokens (a system prompt, worked problems), the prefix runs once
+        and only each prompt's suffix after it (``speed/prefix.py``): the cache then holds
+        [prefix | masked slots, suffix] per row, positions as before, so every later query
+        sees the same keys at the same positions. ``more``: the positions run after these
+        (a sliding window shorter than the whole rules the split out)."""
+        L = shared_prefix_length(pre_ids, pre_mask) if self.min_shared_prefix else 0
+        if L < max(1, self.min_shared_prefix) or not window_allows(
+            net.config, pre_ids.shape[1] + more
+        ):
+            pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+            out = net(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pos,
+                      use_cache=True, **extra)  # fmt: skip
+            return returned_cache(out), pre_mask
+        split = split_prefix(pre_ids, pre_mask, L)
+        u, dev = pre_ids.shape[0], pre_ids.device
+        out = net(input_ids=split.prefix_ids, position_ids=torch.arange(L, device=dev)[None],
+                  use_cache=True, **extra)  # fmt: skip
+        cache = returned_cache(out)
+        select_cache_rows(cache, torch.zeros(u, dtype=torch.long, device=dev))
+        mask = torch.cat([pre_mask.new_ones(u, L), split.suffix_mask], dim=1)
+        net(input_ids=split.suffix_ids, attention_mask=mask, position_ids=split.suffix_pos,
+            **cache_kwarg(cache), use_cache=True, **extra)  # fmt: skip
+        if torch.is_grad_enabled():  # the prefix ran once, not u times
+            self.train_positions -= (u - 1) * L
+        return cache, mask
 
     def _from_logits(self, logits, c_ids, c_mask, C: int, with_entropy: bool):
         logits = logits / self.temperature  # (n, ck, V)

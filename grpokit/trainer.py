@@ -41,6 +41,7 @@ from grpokit.logging import MetricsLogger, truncate_logs
 from grpokit.metrics import accuracy, completions_table, counter_metrics, graded, round_metrics
 from grpokit.prompts import render_prompts, tokenize_prompts
 from grpokit.scoring import round_advantages, score_rollout
+from grpokit.speed.fastdecode import keep_decoders
 from grpokit.speed.heap import HeapRelease
 from grpokit.status import HealthAlerts, RunStatus, StopRequests
 
@@ -177,17 +178,17 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ one round
     def collect_round(self) -> tuple[Batch, dict[str, Any], list[dict[str, Any]]]:
-        """Sample and score a generation batch (with dynamic sampling: until the batch is
-        full of informative groups, ``grpokit.dynamic``), compute the advantages and the
-        reference log-probs: the round's batch, its metrics and its completions table."""
+        """Sample and score a generation batch (dynamic sampling: ``grpokit.dynamic``), compute
+        advantages and reference log-probs: the round's batch, metrics, completions table."""
         c, G = self.cfg, self.cfg.num_generations
-        if c.dynamic_sampling:
-            g, extra = fill_batch(
-                self._generate_groups, self.rewards.weights, G, self.data.prompts_per_rank,
-                c.max_num_gen_batches, self.tokenizer.pad_token_id or 0,
-            )  # fmt: skip
-        else:
-            g, extra = one_batch(self._generate_groups, self.rewards.weights, G)
+        with keep_decoders():  # weights packed for decoding once for all the batches
+            if c.dynamic_sampling:
+                g, extra = fill_batch(
+                    self._generate_groups, self.rewards.weights, G, self.data.prompts_per_rank,
+                    c.max_num_gen_batches, self.tokenizer.pad_token_id or 0,
+                )  # fmt: skip
+            else:
+                g, extra = one_batch(self._generate_groups, self.rewards.weights, G)
         rows, ro, rewards = g.rows, g.rollout, g.rewards
         loss_mask = make_loss_mask(ro, c.mask_truncated_completions)
         t1 = time.time()  # lengths: the loss tokens (verl's response_mask) of each row

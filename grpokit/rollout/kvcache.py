@@ -30,3 +30,21 @@ def cache_kwarg(cache: Any) -> dict[str, Any]:
 def returned_cache(out: Any) -> Any:
     """The cache a model call with ``use_cache=True`` returned."""
     return getattr(out, CACHE_ARG)
+
+
+def select_cache_rows(cache: Any, rows: Any) -> None:
+    """Keep the cache rows ``rows`` (an index tensor; repeats allowed: one prompt's keys and
+    values for each of its completions), differentiably and deterministically.
+    transformers' ``batch_select_indices`` indexes (``keys[rows]``), whose backward adds the
+    repeated rows' gradients with ``index_put_(accumulate=True)``: on CPU with two threads
+    or more its float sums race (atomic adds), so a row gathered into both threads' halves
+    gets a different gradient from run to run. ``index_select``'s backward sums in a fixed
+    order."""
+    layers = getattr(cache, "layers", None)
+    if layers is None or not all(hasattr(ly, "keys") and hasattr(ly, "values") for ly in layers):
+        cache.batch_select_indices(rows)
+        return
+    for ly in layers:
+        if ly.keys is not None and ly.keys.numel():
+            ly.keys = ly.keys.index_select(0, rows)
+            ly.values = ly.values.index_select(0, rows)

@@ -197,3 +197,33 @@ def test_lora_adapters_are_merged_into_its_weights():
     kw = dict(max_new_tokens=12, eos_ids=[3], pad_id=0, greedy=True, num_samples=2)
     plain = sample(model, ids, mask, fused_decode=False, **kw)
     assert torch.equal(sample(model, ids, mask, fused_decode=True, **kw), plain)
+
+
+def test_kept_decoders_are_reused_until_the_weights_change():
+    """Inside ``keep_decoders`` a decoder is built once per model while its parameters are
+    unchanged; an in-place update (an optimizer step) builds a new one with the new weights;
+    outside the block every build packs afresh, and nothing is held after it."""
+    from grpokit.speed import fastdecode
+
+    model = _model("llama")
+    ids, mask, _, _ = _prefilled(model, P=6, extra=0)
+    kw = dict(max_new_tokens=8, eos_ids=[], pad_id=0, greedy=True)
+    assert FastDecoder.build(model, 16) is not FastDecoder.build(model, 16)
+    with fastdecode.keep_decoders():
+        first = FastDecoder.build(model, 16)
+        assert FastDecoder.build(model, 16) is first
+        with fastdecode.keep_decoders():  # nested: the outer block's decoders still hold
+            assert FastDecoder.build(model, 16) is first
+        other = _model("qwen2")
+        assert FastDecoder.build(other, 16) is not first
+        assert FastDecoder.build(model, 16) is first
+        before = sample(model, ids, mask, **kw)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1.5)  # as an optimizer step does: in place
+        second = FastDecoder.build(model, 16)
+        assert second is not first
+        after = sample(model, ids, mask, **kw)
+    assert fastdecode._kept is None
+    assert not torch.equal(before, after)
+    assert torch.equal(after, sample(model, ids, mask, **kw))  # = a decoder built afresh

@@ -93,14 +93,19 @@ def test_micro_batches_group_by_length_except_bnpo(tmp_path, tiny_model_dir):
     )
 
 
-def _grouped_rollout(tr, G=4, seed=1):
+def _grouped_rollout(tr, G=4, seed=1, prefix=0):
     """3 prompts x G completions (groups contiguous, as engines return them); prompts of
-    different lengths (left padding), completions of different lengths, one truncated."""
+    different lengths (left padding), completions of different lengths, one truncated.
+    ``prefix``: every prompt starts with the same ``prefix`` tokens (a system prompt)."""
     g = torch.Generator().manual_seed(seed)
-    V, P, C = tr.model.config.vocab_size, 9, 10
-    p_len = torch.tensor([5, 9, 3]).repeat_interleave(G)
+    V, P, C = tr.model.config.vocab_size, 9 + prefix, 10
+    p_len = (torch.tensor([5, 9, 3]) + prefix).repeat_interleave(G)
     p_mask = (torch.arange(P)[None, :] >= P - p_len[:, None]).long()
-    p_ids = (torch.randint(3, V, (3, P), generator=g).repeat_interleave(G, dim=0)) * p_mask
+    own = torch.randint(3, V, (3, P), generator=g)
+    common = torch.randint(3, V, (prefix,), generator=g)
+    for i in range(3):  # the first `prefix` real tokens of every prompt
+        own[i, P - p_len[i * G] : P - p_len[i * G] + prefix] = common
+    p_ids = own.repeat_interleave(G, dim=0) * p_mask
     c_ids = torch.randint(3, V, (3 * G, C), generator=g)
     eos = tr.tokenizer.eos_token_id
     lens = torch.randint(1, C + 1, (3 * G,), generator=g)
@@ -113,6 +118,7 @@ def _grouped_rollout(tr, G=4, seed=1):
     return Rollout(p_ids, p_mask, c_ids, c_mask, truncated, [""] * (3 * G))
 
 
+@pytest.mark.parametrize("prefix", [0, 20], ids=["distinct", "common-prefix"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize(
     "overrides,atol,grad_rtol",
@@ -124,16 +130,17 @@ def _grouped_rollout(tr, G=4, seed=1):
     ids=["full", "lora", "bf16"],
 )
 def test_shared_prompt_forward_matches_one_forward_per_row(
-    tmp_path, tiny_model_dir, fused, overrides, atol, grad_rtol
+    tmp_path, tiny_model_dir, fused, overrides, atol, grad_rtol, prefix
 ):
     """Each distinct prompt computed once, its KV cache indexed out to the G rows, gives the
-    log-probs, entropies and gradients of one full forward per row."""
+    log-probs, entropies and gradients of one full forward per row; so does a prefix common
+    to all prompts computed once for all of them (``common-prefix``)."""
     tr = GRPOTrainer(
         tiny_run_config(
             tiny_model_dir, tmp_path / "run", temperature=0.7, fused_logprobs=fused, **overrides
         )
     )
-    ro = _grouped_rollout(tr)
+    ro = _grouped_rollout(tr, prefix=prefix)
     rows = torch.tensor([0, 5, 1, 9, 2, 4, 11])  # 3 distinct prompts, repeated
     p = ro.prompt_ids[rows][:, -3:]
     assert shared_prompts(p, ro.prompt_mask[rows][:, -3:]) is not None
@@ -141,7 +148,13 @@ def test_shared_prompt_forward_matches_one_forward_per_row(
     for share in (True, False):
         tr.logprobs.share_prompts = share
         tr.model.zero_grad(set_to_none=True)
+        before = tr.logprobs.train_positions
         logp, ent = tr.logprobs(tr.model, ro, rows, with_entropy=True)
+        # positions computed: each distinct prompt but its last token once (the common
+        # prefix once for all three), then [last prompt token | completion] per row
+        ck = int(ro.completion_mask[rows].sum(-1).max())
+        want = 3 * (prefix + 8) - 2 * prefix + 7 * (ck + 1) if share else 7 * (prefix + 9 + ck)
+        assert tr.logprobs.train_positions - before == want
         mask = ro.completion_mask[rows].float()
         (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
         grads = {n: q.grad.clone() for n, q in tr.model.named_parameters() if q.grad is not None}
