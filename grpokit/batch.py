@@ -90,10 +90,11 @@ class MicroBatchPlan:
     the same number of forwards and backwards (sharded engines): rows sorted by length, cut
     every ``size``. Otherwise rows are ordered and split to make the forward passes cheap:
     each micro-batch pads to its own longest prompt and completion, and with ``share``
-    (the shared-prompt forward) each distinct prompt in it runs once (a prefix common to all prompts once). For three orders (by
-    total length, by completion length, whole groups by their longest completion) the split
-    points are chosen by dynamic programming to minimise the token positions computed plus a
-    fixed cost per forward pass, and the cheapest order is used.
+    (the shared-prompt forward) each distinct prompt in it runs once, a prefix common to all
+    prompts once for them all. For three orders (by total length, by completion length,
+    whole groups by their longest completion) the split points are chosen by dynamic
+    programming to minimise the token positions computed plus a fixed cost per forward
+    pass, and the cheapest order is used.
 
     ``max_tokens`` (``max_micro_batch_tokens``) bounds the token positions of one forward in
     those splits: longer completions mean more, smaller micro-batches, so the activations a

@@ -20,11 +20,12 @@ A PEFT LoRA model decodes here too: each active adapter's ``scaling B A`` (PEFT'
 eval), so LoRA generation costs what full fine-tuning's does. DoRA and other variants, LoRA
 biases and non-Linear targets keep the plain path.
 
-Packing the weights costs ~0.4 s for SmolLM2-135M in float32 (a copy of every weight into
-oneDNN's layout). Inside ``keep_decoders()`` (a round's generation batches under dynamic
-sampling, an evaluation's prompt batches, an agent's turns) a decoder is built once and
-reused while the model's parameters are unchanged; it is dropped at the block's end, so its
-copy of the weights is not held through the training that follows.
+Packing the weights costs 0.13-0.15 s for SmolLM2-135M in float32 once the heap is warm (a
+copy of every weight into oneDNN's layout; 1.4 s the first time). Inside
+``keep_decoders()`` (a round's generation batches under dynamic sampling, an evaluation's
+prompt batches, an agent's turns) a decoder is built once and reused while the model's
+parameters are unchanged; it is dropped at the block's end, so its copy of the weights is
+not held through the training that follows.
 
 Anything else (other architectures, sliding windows shorter than the sequence, autocast,
 q/k norms) returns ``None`` from ``FastDecoder.build`` and the caller keeps the plain path.
@@ -109,8 +110,9 @@ def _packer(weight: torch.Tensor):
     few decode rows. Measured at 32 rows: bf16 1.5-1.9x faster a product, bit-identical to
     ``F.linear``; float32 on an AMD EPYC Zen 3 (AVX2), 2 threads, SmolLM2-135M's shapes:
     1.15-1.7x faster per layer product and 1.8-2.0x on the 49,152-row output layer (two
-    runs of bench/decode_products.py: 28.5 -> 14.6 and 26.0 -> 14.2 ms), equal to ``F.linear`` within float rounding (its sums
-    run in another order: ~1e-5 relative). Anything else: plain ``F.linear``."""
+    runs of bench/decode_products.py: 28.5 -> 14.6 and 26.0 -> 14.2 ms), equal to
+    ``F.linear`` within float rounding (its sums run in another order: ~1e-5 relative).
+    Anything else: plain ``F.linear``."""
     mkldnn = getattr(torch.ops, "mkldnn", None)
     if (
         weight.device.type != "cpu"
@@ -260,9 +262,11 @@ class FastDecoder:
 
 @contextlib.contextmanager
 def keep_decoders():
-    """Reuse the decoders ``FastDecoder.build`` makes inside this block for the same model
-    while its parameters are unchanged (same storage, same version counters: an in-place
-    update bumps them); drop them when the outermost block ends."""
+    """Reuse the decoders ``FastDecoder.build`` makes inside this block for the same model,
+    dropped when the outermost block ends. The block is what keeps a reused decoder current:
+    wrap only code that does not update the weights (a round's generation, an evaluation).
+    The key (each parameter's storage and version counter) is only a guard: fused AdamW
+    updates in place without bumping version counters."""
     global _kept
     outer = _kept is not None
     if not outer:
