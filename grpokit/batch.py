@@ -100,7 +100,11 @@ class MicroBatchPlan:
     those splits: longer completions mean more, smaller micro-batches, so the activations a
     backward holds stay bounded whatever the length. It changes no number (the loss sums do
     not depend on the partition); ``keep_order`` and ``fixed`` plans ignore it (their row
-    counts are part of the loss, or must match across processes)."""
+    counts are part of the loss, or must match across processes).
+
+    ``max_rows`` (default ``size``): the most rows one forward of those splits holds. More
+    than ``size`` merges micro-batches (``merge_micro_batches``): fewer, larger forwards
+    whose positions ``max_tokens`` bounds."""
 
     def __init__(
         self,
@@ -110,10 +114,12 @@ class MicroBatchPlan:
         share: bool,
         fixed: bool = False,
         max_tokens: int | None = None,
+        max_rows: int | None = None,
         min_shared_prefix: int = MIN_SHARED_PREFIX,
     ):
         self.size, self.group_size, self.share, self.fixed = size, group_size, share, fixed
         self.max_tokens, self.min_shared_prefix = max_tokens, min_shared_prefix
+        self.max_rows = max(size, max_rows or size)
 
     def __call__(self, ro: Rollout, keep_order: bool = False) -> list[torch.Tensor]:
         N, mb = ro.completion_ids.shape[0], self.size
@@ -135,6 +141,7 @@ class MicroBatchPlan:
             torch.argsort(clen, descending=True, stable=True),
             _by_group(clen, group),
         ]
+        mb = min(self.max_rows, N)
         best = min((split_rows(o, plen, clen, group, mb, self.share, self.max_tokens, common)
                     for o in candidates), key=lambda r: r[0])  # fmt: skip
         return best[1]

@@ -388,10 +388,35 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
         cfg.num_generations,
         share=cfg.share_prompt_forward,
         fixed=strategy.fixed_micro_batches,
-        max_tokens=cfg.max_micro_batch_tokens or None,
+        **forward_bounds(cfg),
     )
     scheduler = build_scheduler(optimizer, cfg, total_steps)
     return Optimization(params, optimizer, scheduler, reference, logprobs, plan, gradients, grads)
+
+
+def forward_bounds(cfg: GRPOConfig) -> dict[str, int | None]:
+    """The token positions (``max_tokens``) and rows (``max_rows``) one training forward may
+    hold. Merged micro-batches (``merge_micro_batches``) take any number of the step's rows
+    within the positions of one full micro-batch at the longest prompt and completion (and
+    ``max_micro_batch_tokens``), so no forward holds more activations than the user's
+    ``per_device_train_batch_size`` could. Not merged where the partition is part of the
+    loss: bnpo's per-micro-batch mean, ``top_entropy_quantile`` < 1 (its quantile is over one
+    forward's tokens); sharded engines cut fixed micro-batches anyway (batch.py)."""
+    bound = cfg.max_micro_batch_tokens or None
+    B = cfg.per_device_train_batch_size
+    merge = (
+        cfg.merge_micro_batches
+        and cfg.loss_type != "bnpo"
+        and cfg.top_entropy_quantile >= 1.0
+        and cfg.max_prompt_length is not None
+    )
+    if not merge:
+        return {"max_tokens": bound, "max_rows": None}
+    full = B * (cfg.max_prompt_length + cfg.max_completion_length)
+    return {
+        "max_tokens": min(full, bound) if bound else full,
+        "max_rows": B * cfg.gradient_accumulation_steps,
+    }
 
 
 def _check_sharded_optimizer(cfg, params: list, strategy) -> None:
@@ -456,6 +481,7 @@ def _step_pieces(cfg, m: Models, strategy, device):
         correction=correction,
         own_attention_backward=own_attention,
         entropy=entropy,
+        micro_batch_rows=cfg.per_device_train_batch_size,
     )
     return logprobs, gradients
 

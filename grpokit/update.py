@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grpokit import distributed as dist
-from grpokit.algo import entropy_bonus, policy_loss, sampling_is_weights
+from grpokit.algo import entropy_bonus, micro_batch_weights, policy_loss, sampling_is_weights
 from grpokit.batch import Batch
 from grpokit.checkpoint import fault_point
 from grpokit.metrics import TokenWeightedMeans
@@ -39,7 +39,11 @@ class GradientPass:
     (loss_type, epsilon_low/high, beta, importance_sampling_level, max_completion_length).
     ``record_old_logp``: num_iterations > 1, so the round's first step records its own
     log-probs (detached) as the old log-probs of the steps after it (the ratio is exactly 1 in
-    the first one, and no extra forward is needed)."""
+    the first one, and no extra forward is needed).
+    ``micro_batch_rows`` (``per_device_train_batch_size``): the entropy bonus is the mean of
+    the means of the step's consecutive runs of that many rows (TRL's micro-batches), however
+    the plan cuts the rows into forwards; with ``top_entropy_quantile`` < 1 it is each
+    forward's mean, as its quantile is."""
 
     def __init__(
         self,
@@ -52,8 +56,10 @@ class GradientPass:
         correction: SamplingCorrection,
         own_attention_backward: bool,
         entropy=None,
+        micro_batch_rows: int | None = None,
     ):
         self.model, self.logprobs, self.strategy = model, logprobs, strategy
+        self.micro_batch_rows = micro_batch_rows
         self.loss_args, self.record_old_logp = loss_args, record_old_logp
         self.correction, self.own_attention = correction, own_attention_backward
         # algo.AdaptiveEntropy when the loss has an entropy bonus (entropy_coef or adaptive)
@@ -72,6 +78,7 @@ class GradientPass:
         res = GradientResult()
         s_logps = b.rollout.sampling_logps
         window = torch.zeros(2, dtype=torch.float64)  # the bonus tokens' entropy sum, count
+        bonus_w = self._bonus_weights(b.loss_mask)
         for sl in micro_batches:
             with training_attention(self.own_attention):
                 logp, ent = self.logprobs(self.model, b.rollout, sl, with_entropy=True)
@@ -95,7 +102,8 @@ class GradientPass:
             if self.loss_args["loss_type"] == "bnpo":  # average over micro-batches/ranks
                 loss = loss / per_mb
             if self.entropy is not None:
-                loss = self._minus_bonus(loss, ent, b.loss_mask[sl], per_mb, window)
+                w = None if bonus_w is None else bonus_w[sl]
+                loss = self._minus_bonus(loss, ent, b.loss_mask[sl], per_mb, window, w)
             if not torch.isfinite(loss):
                 res.finite = False
                 if not self.strategy.every_rank_runs_backward:
@@ -120,14 +128,25 @@ class GradientPass:
         if self.entropy is not None and state:
             self.entropy.load_state_dict(state)
 
-    def _minus_bonus(self, loss, ent, mask, per_mb, window):
-        """``loss - coef * H`` (TRL's entropy bonus), H this micro-batch's share of the mean
-        token entropy; adds the micro-batch's entropy sum and count to ``window``."""
+    def _bonus_weights(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """(N,) each row's weight in the entropy term (``algo.micro_batch_weights``), or None:
+        no bonus, or each forward's own mean (``top_entropy_quantile`` < 1)."""
+        quantile = self.loss_args.get("top_entropy_quantile", 1.0)
+        if self.entropy is None or quantile < 1.0 or not self.micro_batch_rows:
+            return None
+        rows = self.micro_batch_rows
+        n_mb = -(-mask.shape[0] // rows) * dist.world_size()
+        return micro_batch_weights(mask, rows, n_mb)
+
+    def _minus_bonus(self, loss, ent, mask, per_mb, window, row_weights=None):
+        """``loss - coef * H`` (TRL's entropy bonus), H these rows' share of the mean of the
+        micro-batches' mean token entropies; adds their entropy sum and count to ``window``."""
         term, e_sum, e_count = entropy_bonus(
             ent,
             mask,
             top_entropy_quantile=self.loss_args.get("top_entropy_quantile", 1.0),
             num_micro_batches=per_mb,
+            row_weights=row_weights,
         )
         window += torch.stack([e_sum, e_count]).double().cpu()
         return loss - self.entropy.applied() * term

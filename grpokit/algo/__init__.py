@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         entropy_bonus,
         gamma_weights,
         high_entropy_mask,
+        micro_batch_weights,
         off_policy_mask,
     )
 
@@ -44,6 +45,7 @@ _FUNCTIONS = {
     "entropy_bonus": "stabilisers",
     "gamma_weights": "stabilisers",
     "high_entropy_mask": "stabilisers",
+    "micro_batch_weights": "stabilisers",
     "off_policy_mask": "stabilisers",
     "entropy_from_logits": "logprobs",
     "linear_logprobs": "logprobs",
@@ -66,6 +68,7 @@ __all__ = [
     "group_advantages",
     "high_entropy_mask",
     "informative_groups",
+    "micro_batch_weights",
     "multi_objective_advantages",
     "off_policy_mask",
     "linear_logprobs",

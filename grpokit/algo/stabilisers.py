@@ -9,8 +9,8 @@ Each follows TRL's ``GRPOTrainer`` (2026) and the paper that introduced it:
   arXiv:2512.02556, eq. 9).
 - ``gamma_weights``: VESPO's sequence weight phi(w) = e^lam * w^k * e^(-lam w) of the
   sequence ratio w (arXiv:2602.10693).
-- ``entropy_bonus`` and ``AdaptiveEntropy``: the term subtracted as ``coef * H`` and
-  Skywork-OR1's controller of ``coef`` (arXiv:2505.22312).
+- ``entropy_bonus``, ``micro_batch_weights`` and ``AdaptiveEntropy``: the term subtracted
+  as ``coef * H`` and Skywork-OR1's controller of ``coef`` (arXiv:2505.22312).
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def entropy_bonus(
     *,
     top_entropy_quantile: float = 1.0,
     num_micro_batches: int = 1,
+    row_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This micro-batch's share of the mean token entropy H, as TRL computes it.
 
@@ -100,15 +101,36 @@ def entropy_bonus(
     (micro-batches of the step, all ranks), the same for every loss type: it is not
     rescaled to a loss type's policy normaliser (TRL since huggingface/trl#6648; before,
     dapo / cispo / vespo divided the entropy sum by the batch's token count).
-    The loss subtracts ``coef * term``. Returns ``(term, entropy sum, token count)``, the
-    last two detached (for ``AdaptiveEntropy``)."""
+    ``row_weights`` (n,): each row's weight in place of 1 / (tokens x num_micro_batches),
+    from ``micro_batch_weights``, when the rows computed together are not one micro-batch
+    (all completion tokens only). The loss subtracts ``coef * term``. Returns ``(term,
+    entropy sum, token count)``, the last two detached (for ``AdaptiveEntropy``)."""
     m = mask.to(entropy.dtype)
     if top_entropy_quantile < 1.0:
+        if row_weights is not None:
+            raise ValueError("row_weights need top_entropy_quantile 1 (all completion tokens)")
         m = m * high_entropy_mask(entropy, mask, top_entropy_quantile).to(m.dtype)
     total = (entropy * m).sum()
     count = m.sum()
-    term = total / count.clamp(min=1.0) / num_micro_batches
+    if row_weights is None:
+        term = total / count.clamp(min=1.0) / num_micro_batches
+    else:
+        term = (entropy * m * row_weights.to(m.dtype)[:, None]).sum()
     return term, total.detach(), count.detach()
+
+
+def micro_batch_weights(
+    mask: torch.Tensor, micro_batch_rows: int, num_micro_batches: int
+) -> torch.Tensor:
+    """(N,) the weight of each row's tokens in the entropy term when the step's micro-batches
+    are its consecutive runs of ``micro_batch_rows`` rows (TRL's): 1 / (the tokens of the
+    row's micro-batch x ``num_micro_batches``, all ranks), so that ``entropy_bonus`` over
+    any partition of the rows into forwards adds up to the mean of the micro-batch means."""
+    N = mask.shape[0]
+    which = torch.arange(N, device=mask.device) // max(1, micro_batch_rows)
+    tokens = torch.zeros(int(which.max()) + 1 if N else 0, dtype=torch.float64)
+    tokens = tokens.to(mask.device).index_add_(0, which, mask.sum(-1).double())
+    return 1.0 / (tokens.clamp(min=1.0)[which] * num_micro_batches)
 
 
 class AdaptiveEntropy:

@@ -12,6 +12,7 @@ from grpokit.algo import (
     entropy_bonus,
     group_advantages,
     informative_groups,
+    micro_batch_weights,
     multi_objective_advantages,
 )
 
@@ -165,6 +166,35 @@ def test_entropy_bonus_of_uneven_micro_batches():
     ta, _, _ = entropy_bonus(a, ma, num_micro_batches=2)
     tb, _, _ = entropy_bonus(b, mb, num_micro_batches=2)
     assert ta.item() + tb.item() == pytest.approx(2.5)
+
+
+def test_entropy_bonus_is_the_same_over_any_partition_into_forwards():
+    """With ``micro_batch_weights`` the bonus of the step's rows is the mean of the means of
+    its consecutive runs of ``micro_batch_rows`` rows (TRL's micro-batches), however the rows
+    are cut into forwards: one forward per micro-batch (the per-forward formula), all rows at
+    once, or a reordered split across micro-batches."""
+    g = torch.Generator().manual_seed(3)
+    ent = torch.rand(7, 5, generator=g, dtype=torch.float64)
+    mask = (torch.rand(7, 5, generator=g) > 0.3).double()
+    mask[5:] = 0.0
+    mask[5, 0] = 1.0  # row 5: one token, row 6: none
+    rows, n_mb = 3, 3  # micro-batches [0, 1, 2], [3, 4, 5], [6] (mean 0, as TRL's would be)
+    means = []
+    for s in range(0, 7, rows):
+        m = mask[s : s + rows]
+        means.append((ent[s : s + rows] * m).sum() / m.sum().clamp(min=1.0))
+    want = sum(means) / n_mb
+    per_forward = sum(
+        entropy_bonus(ent[s : s + rows], mask[s : s + rows], num_micro_batches=n_mb)[0]
+        for s in range(0, 7, rows)
+    )
+    assert per_forward.item() == pytest.approx(want.item(), rel=1e-12)
+    w = micro_batch_weights(mask, rows, n_mb)
+    for split in ([list(range(7))], [[6, 0, 3], [5, 1], [2, 4]], [[i] for i in range(7)]):
+        got = sum(entropy_bonus(ent[i], mask[i], row_weights=w[i])[0] for i in split)
+        assert got.item() == pytest.approx(want.item(), rel=1e-12), split
+    with pytest.raises(ValueError, match="top_entropy_quantile"):
+        entropy_bonus(ent, mask, top_entropy_quantile=0.5, row_weights=w)
 
 
 def test_adaptive_entropy_controller():

@@ -97,6 +97,7 @@ def test_code_reward_cpp_rows():
 
 
 def test_hostile_cpp_through_the_code_reward(hostile):
+    parent = os.getppid()  # 1 already when the suite runs detached (setsid, nohup)
     P = programs(hostile)
     names = list(P)
     fn = get_reward_funcs([{"code": {"timeout": 1.5, "compile_timeout": 30}}])[0]
@@ -104,7 +105,7 @@ def test_hostile_cpp_through_the_code_reward(hostile):
     scores = fn(None, texts, verification_info=[CPP_INFO] * len(texts))
     assert dict(zip(names + ["good"], scores)) == EXPECTED | {"good": 1.0}
     assert hostile.leftovers() == {}
-    assert os.getppid() > 1
+    assert os.getppid() == parent  # our parent was not killed (kill(getppid(), 9))
 
 
 def test_hostile_cpp_without_seccomp(hostile):

@@ -212,13 +212,14 @@ pytestmark = pytest.mark.skipif(not ROOT, reason="the namespaces level needs roo
 
 
 def test_hostile_suite_through_the_code_reward(hostile):
+    parent = os.getppid()  # 1 already when the suite runs detached (setsid, nohup)
     names = list(hostile.programs)
     fn = get_reward_funcs([{"code": {"timeout": 1.5}}])[0]
     texts = [completion(hostile.programs[n]) for n in names] + [completion(GOOD)]
     scores = fn(None, texts, verification_info=[{"test_cases": [CASE]}] * len(texts))
     assert dict(zip(names + ["good"], scores)) == EXPECTED | {"good": 1.0}
     assert hostile.leftovers() == {}
-    assert os.getppid() > 1  # the caller (this process) is alive and still has its parent
+    assert os.getppid() == parent  # the caller (this process) is alive, its parent too
 
 
 def test_hostile_suite_namespace_layer_without_seccomp(hostile):

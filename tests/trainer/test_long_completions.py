@@ -118,3 +118,39 @@ def test_negative_token_bound_is_a_config_error():
     with pytest.raises(ConfigError, match="max_micro_batch_tokens=-1: use a number of tokens"):
         build_config({"max_micro_batch_tokens": -1})
     assert build_config({"max_micro_batch_tokens": 0}).max_micro_batch_tokens == 0
+
+
+def test_merged_forwards_hold_no_more_than_one_full_micro_batch():
+    """``merge_micro_batches`` lets a forward take any of the step's rows, within the positions
+    of one micro-batch at the longest prompt and completion (and ``max_micro_batch_tokens``);
+    bnpo, ``top_entropy_quantile`` < 1 and an unbounded prompt keep micro-batch-sized forwards,
+    and the planner's activation estimate stays that of one full micro-batch."""
+    from grpokit.config import build_config
+    from grpokit.plan.memory import forward_rows
+    from grpokit.setup import forward_bounds
+
+    base = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4,
+                max_prompt_length=100, max_completion_length=156)  # fmt: skip
+    cfg = build_config(base)
+    assert forward_bounds(cfg) == {"max_tokens": 2048, "max_rows": 32}
+    assert forward_rows(cfg, 256) == 8
+    assert forward_bounds(build_config(base | {"max_micro_batch_tokens": 1000})) == {
+        "max_tokens": 1000, "max_rows": 32}  # fmt: skip
+    assert forward_bounds(build_config(base | {"max_micro_batch_tokens": 0}))["max_tokens"] == 2048
+    for off in ({"merge_micro_batches": False}, {"loss_type": "bnpo"},
+                {"top_entropy_quantile": 0.2}, {"max_prompt_length": None}):  # fmt: skip
+        assert forward_bounds(build_config(base | off))["max_rows"] is None, off
+    # 32 rows of 20-token prompts and 30-token completions: 1,600 positions, one forward
+    g = torch.Generator().manual_seed(0)
+    P, C, N = 20, 30, 32
+    p_ids = torch.randint(5, 50, (N // 4, P), generator=g).repeat_interleave(4, 0)
+    clen = torch.randint(20, C + 1, (N,), generator=g)
+    c_mask = (torch.arange(C)[None] < clen[:, None]).long()
+    ro = Rollout(p_ids, torch.ones(N, P, dtype=torch.long), c_mask * 7, c_mask, clen == C,
+                 [""] * N)  # fmt: skip
+    pieces = MicroBatchPlan(8, 4, share=True, **forward_bounds(cfg))(ro)
+    assert sorted(torch.cat(pieces).tolist()) == list(range(N))
+    assert len(pieces) == 1 and _positions(ro, pieces[0], True) <= 2048
+    pieces = MicroBatchPlan(8, 4, share=True, max_tokens=600, max_rows=32)(ro)
+    assert len(pieces) > 1 and max(len(r) for r in pieces) > 8
+    assert all(_positions(ro, r, True) <= 600 for r in pieces)
