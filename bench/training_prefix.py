@@ -57,7 +57,7 @@ def main() -> None:
 
         def use(bounds):
             o.plan.max_tokens = bounds["max_tokens"]
-            o.plan.max_rows = max(o.plan.size, bounds["max_rows"] or o.plan.size)
+            o.plan.max_rows = bounds["max_rows"]
 
     names = list(settings)
     res: dict[str, list[tuple[float, int, int]]] = {n: [] for n in names}

@@ -119,7 +119,7 @@ class MicroBatchPlan:
     ):
         self.size, self.group_size, self.share, self.fixed = size, group_size, share, fixed
         self.max_tokens, self.min_shared_prefix = max_tokens, min_shared_prefix
-        self.max_rows = max(size, max_rows or size)
+        self.max_rows = max_rows
 
     def __call__(self, ro: Rollout, keep_order: bool = False) -> list[torch.Tensor]:
         N, mb = ro.completion_ids.shape[0], self.size
@@ -141,7 +141,7 @@ class MicroBatchPlan:
             torch.argsort(clen, descending=True, stable=True),
             _by_group(clen, group),
         ]
-        mb = min(self.max_rows, N)
+        mb = min(max(mb, self.max_rows or mb), N)
         best = min((split_rows(o, plen, clen, group, mb, self.share, self.max_tokens, common)
                     for o in candidates), key=lambda r: r[0])  # fmt: skip
         return best[1]
