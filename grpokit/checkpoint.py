@@ -291,7 +291,7 @@ RESUME_LOCKED_KEYS = (
     "lora_target_modules", "loss_type", "seed", "reward_funcs", "reward_weights", "beta",
     "torch_dtype", "system_prompt", "dataset_prompt_column", "advantage_estimator",
     "multi_objective_aggregation", "dynamic_sampling", "data_seed", "tools",
-    "environment_factory", "max_tool_calling_iterations",
+    "environment_factory", "max_tool_calling_iterations", "shuffle_dataset",
 )  # fmt: skip
 
 

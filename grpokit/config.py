@@ -19,6 +19,7 @@ import os
 import re
 import types
 import typing
+import urllib.parse
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +92,113 @@ IGNORED_KEYS = {
     "vllm_device": "colocate runs vLLM on the training device; a server chooses its own",
     "gradient_checkpointing_kwargs": "gradient checkpointing is always non-reentrant",
     "dataset_configs": "use dataset_config (one name); the task's default config otherwise",
+    # TRL 1.16 GRPOConfig keys that change nothing grpokit computes
+    "router_aux_loss_coef": "no MoE router load-balancing loss is added",
+    "ds3_gather_for_generation": "sampling uses an unsharded copy of the weights",
+    "pad_to_multiple_of": "padding does not change the loss; grpokit packs its own forwards",
+    "cache_implementation": "grpokit's decode loop preallocates its own KV cache",
+    "use_transformers_paged": "grpokit's decode loop (generation_loop) decides",
+    "use_transformers_continuous_batching": "grpokit's decode loop (generation_loop) decides",
+    "transformers_continuous_batching_config": "grpokit's decode loop (generation_loop) decides",
+    "vllm_model_impl": "vLLM picks its own model implementation",
+    "vllm_group_port": "grpokit's rollout server syncs weights over its own port",
+    "log_multimodal": "text tasks only",
+    "log_unique_prompts": "completions.jsonl holds every logged prompt",
+    "log_completions_hub_repo": "completions stay in output_dir (push_to_hub uploads it)",
+    # transformers TrainingArguments keys that change nothing grpokit computes
+    "disable_tqdm": "grpokit prints one line a step, no tqdm bar",
+    "project": "trackers take run_name; the project is the tracker's own setting",
+    "full_determinism": "runs are deterministic on CPU with a seed; GPUs keep torch's kernels",
+    "dataloader_pin_memory": "data is in memory",
+    "dataloader_persistent_workers": "data is in memory",
+    "dataloader_prefetch_factor": "data is in memory",
+    "dataloader_in_order": "data is in memory",
+    "dataloader_multiprocessing_context": "data is in memory",
+    "ddp_backend": "gloo on CPU, nccl on GPUs",
+    "ddp_bucket_cap_mb": "grpokit sums gradients in its own 64 MB buckets",
+    "ddp_broadcast_buffers": "not used",
+    "ddp_static_graph": "not used",
+    "average_tokens_across_devices": "the losses are normalised by global counts already",
+    "skip_memory_metrics": "not used",
+    "include_num_input_tokens_seen": "tokens_prompt and tokens_generated are logged every step",
+    "torch_empty_cache_steps": "not used",
+    "save_on_each_node": "rank 0 saves",
+    "log_on_each_node": "rank 0 logs",
+    "log_level_replica": "not used",
+    "logging_nan_inf_filter": "non-finite steps are skipped and counted (skipped_steps)",
+    "do_train": "grpokit train trains",
+    "do_predict": "not used",
+    "prediction_loss_only": "not used",
+    "eval_accumulation_steps": "not used",
+    "eval_delay": "not used",
+    "eval_do_concat_batches": "not used",
+    "eval_use_gather_object": "not used",
+    "batch_eval_metrics": "not used",
+    "include_for_metrics": "not used",
+    "label_names": "not used",
+    "length_column_name": "not used",
+    "metric_for_best_model": "not used",
+    "greater_is_better": "not used",
+    "hub_always_push": "uploads follow hub_strategy",
+    "hub_revision": "uploads go to the repository's main branch",
+    "ignore_data_skip": "a resumed run continues the saved prompt order",
+    "restore_callback_states_from_checkpoint": "not used",
+    "train_sampling_strategy": "prompts follow shuffle_dataset",
+    "bf16_full_eval": "evaluation follows bf16",
+    "fp16_full_eval": "evaluation follows bf16",
+    "debug": "not used",
+    "local_rank": "read from the launcher's LOCAL_RANK",
+    "accelerator_config": "sharding comes from the accelerate launch config",
+    "parallelism_config": "sharding comes from the accelerate launch config",
+    "trackio_space_id": "not used",
+    "trackio_bucket_id": "not used",
+    "trackio_static_space_id": "not used",
+    "use_cache": "not used",
+    "activation_checkpointing_kwargs": "gradient_checkpointing checkpoints every layer",
+    "torch_compile_backend": "grpokit does not compile the model",
+    "torch_compile_mode": "grpokit does not compile the model",
+    "liger_kernel_config": "not available on CPU",
+    "enable_jit_checkpoint": "not used",
+}
+
+_SHARDED = (
+    "sharding comes from the accelerate config: accelerate launch --config_file "
+    "recipes/accelerate/deepspeed_zero3.yaml (or deepspeed_zero2.yaml, fsdp.yaml) -m grpokit "
+    "train RECIPE"
+)
+# TRL / transformers keys grpokit cannot honour: accepted at their default (an empty or false
+# value), refused otherwise with what to do instead.
+DEFAULT_ONLY_KEYS = {
+    "deepspeed": _SHARDED,
+    "fsdp": _SHARDED,
+    "fsdp_config": _SHARDED,
+    "resume_from_checkpoint": "resume with: grpokit train RECIPE --resume [CHECKPOINT_DIR]",
+    "load_best_model_at_end": "grpokit keeps the last model; every checkpoint-N has its eval",
+    "save_only_model": "checkpoints hold the optimizer and RNG state for exact resume; bound "
+    "their disk use with save_total_limit",
+    "torch_compile": "grpokit does not compile the model (its CPU decode step and log-prob "
+    "forward are fused by hand)",
+    "auto_find_batch_size": "set per_device_train_batch_size; grpokit plan RECIPE estimates "
+    "the memory of a recipe before it runs",
+    "neftune_noise_alpha": "NEFTune embedding noise is not supported",
+    "label_smoothing_factor": "label smoothing does not apply to GRPO's loss",
+    "optim_args": "use the optimizer keys (adam_beta1, adam_beta2, adam_epsilon, weight_decay)",
+    "optim_target_modules": "GaLore-style optimizers are not supported",
+    "vllm_structured_outputs_regex": "regex-guided decoding is not supported",
+}
+# TRL's names for settings grpokit names otherwise (no warning)
+TRL_ALIASES = {
+    "vllm_max_model_length": "vllm_max_model_len",
+    "activation_checkpointing": "gradient_checkpointing",  # transformers 5's name
+}
+# generation_kwargs / model_init_kwargs entries grpokit maps onto its own keys
+GENERATION_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+MODEL_INIT_KWARGS = {
+    "torch_dtype": "torch_dtype",
+    "dtype": "torch_dtype",
+    "attn_implementation": "attn_implementation",
+    "trust_remote_code": "trust_remote_code",
+    "revision": "model_revision",
 }
 
 
@@ -109,6 +217,9 @@ class GRPOConfig:
     # value, resolved at load): bf16 where the device computes it natively, else float32
     bf16: bool = False
     chat_template: str | None = None
+    # extra variables of every chat-template rendering of the policy's prompts (TRL's), e.g.
+    # {enable_thinking: false} for Qwen3
+    chat_template_kwargs: dict = field(default_factory=dict)
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     use_peft: bool = False
@@ -193,9 +304,13 @@ class GRPOConfig:
     vllm_enable_sleep_mode: bool = False  # GPU: offload weights/KV cache between rollouts
     vllm_enforce_eager: bool = True  # false: vLLM compiles (faster decoding, ~1 min start-up)
     vllm_max_model_len: int | None = None  # None: max_prompt_length + max_completion_length
+    vllm_tensor_parallel_size: int = 1  # TRL's; grpokit's vLLM engines are tensor-parallel 1
     vllm_importance_sampling_correction: bool = True  # truncated IS for vLLM/trainer mismatch
     vllm_importance_sampling_mode: str = "token_truncate"  # or token_mask, sequence_*
-    vllm_importance_sampling_cap: float = 2.0
+    # TRL's bounds on the ratio (truncate: clamp to them; mask: zero outside); null: none.
+    # vllm_importance_sampling_cap is TRL's deprecated name of clip_max.
+    vllm_importance_sampling_clip_max: float | None = 2.0
+    vllm_importance_sampling_clip_min: float | None = None
 
     # GRPO objective
     beta: float = 0.0
@@ -235,6 +350,13 @@ class GRPOConfig:
     cast_lm_head_to_fp32: bool = False  # the output layer's weights and product in float32
     dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, sample until full
     max_num_gen_batches: int = 0  # dynamic sampling's generation batches per step (0: no limit)
+    # TRL's generation batch: grpokit generates once per optimizer step (TRL's default), so
+    # these may only name that: steps_per_generation = gradient_accumulation_steps,
+    # generation_batch_size = the step's completions over all processes
+    steps_per_generation: int | None = None
+    generation_batch_size: int | None = None
+    shuffle_dataset: bool = True  # false: training prompts in the dataset's order (TRL)
+    disable_dropout: bool = False  # every dropout of the policy (LoRA's too) set to 0 (TRL)
 
     # optimisation
     learning_rate: float = 1e-6
@@ -244,6 +366,9 @@ class GRPOConfig:
     # paged_adamw_8bit. bf16/fp16 trainable weights always get fp32 master weights.
     optim: str = "adamw_torch_fused"
     warmup_ratio: float = 0.0
+    # transformers' warmup: >= 1 a number of steps, in (0, 1) a fraction of them (as
+    # warmup_ratio); when both are set warmup_steps wins, as transformers
+    warmup_steps: float = 0.0
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -271,6 +396,10 @@ class GRPOConfig:
     max_eval_samples: int = 200
     per_device_eval_batch_size: int = 32
     eval_max_completion_length: int | None = None
+    # null: one greedy completion per held-out prompt (grpokit); k: k completions sampled at
+    # the training temperature (TRL's num_generations_eval): accuracy of the first, pass@1
+    # over all k, pass@k
+    num_generations_eval: int | None = None
 
     # output and logging
     output_dir: str = "outputs/run"
@@ -405,6 +534,11 @@ def _check_frontier(c: GRPOConfig) -> None:
         "entropy_coef_min must be <= entropy_coef_max and entropy_coef_delta >= 0",
     )
     _check(c.max_num_gen_batches >= 0, "max_num_gen_batches must be >= 0 (0: no limit)")
+    _check_generation_batch(c)
+    _check(
+        c.num_generations_eval is None or c.num_generations_eval >= 1,
+        f"num_generations_eval={c.num_generations_eval} must be >= 1 (null: one greedy completion)",
+    )
     _check(
         not (c.loss_type == "vespo" and c.use_vllm and c.vllm_importance_sampling_correction
              and c.vllm_importance_sampling_mode.startswith("sequence")),
@@ -555,12 +689,43 @@ def _check_vllm(c: GRPOConfig) -> None:
         mode in SAMPLING_IS_MODES,
         f"vllm_importance_sampling_mode={mode!r}: use one of {SAMPLING_IS_MODES}",
     )
+    hi, lo = c.vllm_importance_sampling_clip_max, c.vllm_importance_sampling_clip_min
     _check(
-        c.vllm_importance_sampling_cap >= 1,
-        f"vllm_importance_sampling_cap={c.vllm_importance_sampling_cap} must be >= 1 "
-        "(ratios above it are capped or masked; TRL uses 2-3)",
+        hi is not None or lo is not None,
+        "vllm_importance_sampling_clip_max and _clip_min are both null: set clip_max "
+        "(e.g. 2.0; TRL uses 3.0)",
+    )
+    _check(
+        (hi is None or hi >= 1) and (lo is None or 0 <= lo <= 1),
+        f"vllm_importance_sampling_clip_min={lo}, _clip_max={hi}: the ratio 1 (engine and "
+        "trainer agree) must lie inside; use clip_max >= 1 (TRL: 3.0) and clip_min in [0, 1]",
     )
     _check(c.ddp_timeout > 0, f"ddp_timeout={c.ddp_timeout} must be > 0 (seconds)")
+
+
+def _check_generation_batch(c: GRPOConfig) -> None:
+    """TRL's ``steps_per_generation`` / ``generation_batch_size`` name how many optimizer
+    steps one generation batch feeds; grpokit generates once per step, so only that value
+    (TRL's default) is accepted."""
+    spg, gbs, ga = c.steps_per_generation, c.generation_batch_size, c.gradient_accumulation_steps
+    reuse = "(num_iterations reuses a batch for several updates)"
+    _check(
+        spg is None or spg == ga,
+        f"steps_per_generation={spg}: grpokit generates once per optimizer step, so it must "
+        f"equal gradient_accumulation_steps ({ga}); remove it {reuse}",
+    )
+    _check(
+        gbs is None or gbs == c.completions_per_step,
+        f"generation_batch_size={gbs}: grpokit generates one optimizer step's completions at a "
+        f"time (per_device_train_batch_size x gradient_accumulation_steps x processes = "
+        f"{c.completions_per_step}); remove it {reuse}",
+    )
+    _check(
+        c.vllm_tensor_parallel_size == 1,
+        f"vllm_tensor_parallel_size={c.vllm_tensor_parallel_size}: grpokit's vLLM engines run "
+        "tensor-parallel 1; use one engine per process (vllm_mode: colocate) or a rollout "
+        "server (vllm_mode: server)",
+    )
 
 
 def _check_rewards(c: GRPOConfig) -> None:
@@ -602,6 +767,11 @@ def _check_optimization(c: GRPOConfig) -> None:
     _check_optim(c.optim)
     _check_scheduler_kwargs(c)
     _check(0 <= c.warmup_ratio < 1, f"warmup_ratio={c.warmup_ratio} must be in [0, 1)")
+    _check(
+        c.warmup_steps >= 0 and (c.warmup_steps < 1 or c.warmup_steps == int(c.warmup_steps)),
+        f"warmup_steps={c.warmup_steps}: use a whole number of steps, or a fraction in [0, 1) "
+        "of the run's steps",
+    )
     _check(c.max_grad_norm >= 0, "max_grad_norm must be >= 0 (0 disables clipping)")
     _check(
         c.max_steps > 0 or c.num_train_epochs > 0,
@@ -810,6 +980,7 @@ def _coerce_union(key: str, value: Any, args: tuple) -> Any:
 
 
 _BOOL_WORDS = ("true", "false", "1", "0", "yes", "no")
+_FALSE_WORDS = ("false", "0", "no", "none", "null", "")
 
 
 def _to_bool(key: str, value: Any) -> bool:
@@ -881,7 +1052,39 @@ def _typed_values(values: dict[str, Any], source: str) -> dict[str, Any]:
         if key not in hints:
             raise _unknown_key_error(key, list(hints))
         clean[key] = _coerce(key, value, hints[key])
-    return {**clean, **switches[None]} if None in switches else clean
+    for key, value in switches[None].items():
+        clean[key] = _coerce(key, value, hints[key])
+    return clean
+
+
+# TRL's deprecated names -> the names grpokit (and TRL now) use
+RENAMED_KEYS = {"vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max"}
+
+
+def _renamed(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """``values`` with TRL's other names replaced by grpokit's (a warning for a deprecated
+    one); both names at once is an error. A key of ``DEFAULT_ONLY_KEYS`` at its default is
+    dropped, at any other value refused."""
+    out = dict(values)
+    if "chat_template_kwargs" in out and out["chat_template_kwargs"] is None:
+        del out["chat_template_kwargs"]  # TRL's default
+    for old, new in {**RENAMED_KEYS, **TRL_ALIASES}.items():
+        if old not in out:
+            continue
+        if out[old] is None:  # TRL's "not set"
+            del out[old]
+            continue
+        if new in out:
+            raise ConfigError(f"{old} and {new} are the same setting: keep only {new}")
+        if old in RENAMED_KEYS:
+            warnings.warn(f"{source}: {old} is TRL's deprecated name of {new}", stacklevel=3)
+        out[new] = out.pop(old)
+    for key, fix in DEFAULT_ONLY_KEYS.items():
+        if key in out:
+            value = out.pop(key)
+            if value and str(value).strip().lower() not in _FALSE_WORDS:
+                raise ConfigError(f"{key}={value!r} is not supported by grpokit: {fix}")
+    return out
 
 
 def _trl_switches(values: dict[str, Any]) -> dict:
@@ -890,11 +1093,12 @@ def _trl_switches(values: dict[str, Any]) -> dict:
     entry holds the fields they set. ``fp16: true`` (fp16 autocast with a loss scaler) is
     refused rather than silently trained in float32; ``eval_strategy: no`` turns periodic
     evaluation off as in TRL (the before/after evaluation stays: max_eval_samples)."""
-    out: dict = {}
+    out: dict = {None: {}}
+    _mapped_trl_keys(values, out)
     bf16 = values.get("bf16")
     if isinstance(bf16, str) and bf16.strip().lower() == "auto":
         out["bf16"] = True
-        out[None] = {"bf16": _bf16_where_native(str(values.get("device", "auto")))}
+        out[None]["bf16"] = _bf16_where_native(str(values.get("device", "auto")))
     elif bf16 is not None and not isinstance(bf16, bool) and str(bf16).lower() not in _BOOL_WORDS:
         raise ConfigError(f"bf16={bf16!r}: expected true, false or auto")
     if "fp16" in values:
@@ -908,13 +1112,58 @@ def _trl_switches(values: dict[str, Any]) -> dict:
         out["eval_strategy"] = True
         strategy = str(values["eval_strategy"]).lower()
         if strategy in ("no", "false"):  # YAML 1.1 reads an unquoted no as false
-            out.setdefault(None, {})["eval_steps"] = 0
+            out[None]["eval_steps"] = 0
         elif strategy != "steps":
             raise ConfigError(
                 f"eval_strategy: {values['eval_strategy']!r} is not supported; use 'steps' "
                 "with eval_steps, or 'no' (no periodic evaluation)"
             )
     return out
+
+
+def _mapped_trl_keys(values: dict[str, Any], out: dict) -> None:
+    """TRL keys that set grpokit keys: ``use_cpu`` (device cpu), ``vllm_server_base_url``
+    (host and port), ``generation_kwargs`` (sampling keys), ``model_init_kwargs`` (model
+    loading keys). Each present is marked in ``out``; the fields they set go to ``out[None]``."""
+    fields = out[None]
+
+    def put(src: str, key: str, value: Any) -> None:
+        if key in values or key in fields:
+            raise ConfigError(f"{key} is set twice (by {src} too): keep one")
+        fields[key] = value
+
+    if "use_cpu" in values:
+        out["use_cpu"] = True
+        if _to_bool("use_cpu", values["use_cpu"]):
+            put("use_cpu", "device", "cpu")
+    if values.get("vllm_server_base_url"):
+        out["vllm_server_base_url"] = True
+        url = urllib.parse.urlsplit(str(values["vllm_server_base_url"]))
+        if not url.hostname or not url.port:
+            raise ConfigError(
+                f"vllm_server_base_url={values['vllm_server_base_url']!r}: expected "
+                "http://HOST:PORT (or set vllm_server_host and vllm_server_port)"
+            )
+        put("vllm_server_base_url", "vllm_server_host", url.hostname)
+        put("vllm_server_base_url", "vllm_server_port", url.port)
+    elif "vllm_server_base_url" in values:
+        out["vllm_server_base_url"] = True
+    for key, known in (
+        ("generation_kwargs", GENERATION_KWARGS),
+        ("model_init_kwargs", MODEL_INIT_KWARGS),
+    ):
+        if key not in values:
+            continue
+        out[key] = True
+        given = values[key] or {}
+        if not isinstance(given, dict):
+            raise ConfigError(f"{key}={given!r}: expected a mapping")
+        for k, v in given.items():
+            if k not in known:
+                raise ConfigError(
+                    f"{key}: {k!r} is not supported by grpokit; it takes {', '.join(known)}"
+                )
+            put(key, known[k] if isinstance(known, dict) else k, v)
 
 
 def _bf16_where_native(device: str) -> bool:
@@ -974,7 +1223,7 @@ def _resolve_task(clean: dict[str, Any], source: str) -> None:
 def build_config(values: dict[str, Any], *, source: str = "config") -> GRPOConfig:
     """Validate ``values`` (types, ranges, batch arithmetic, the task's name) and return a
     frozen config."""
-    clean = _typed_values(values, source)
+    clean = _typed_values(_renamed(values, source), source)
     _resolve_task(clean, source)
     if clean.get("advantage_estimator") == "reinforce_plus_plus_baseline":
         clean.setdefault("scale_rewards", "batch")  # its own batch whitening, unless told

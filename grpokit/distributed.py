@@ -141,11 +141,20 @@ def is_main() -> bool:
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    return _all_reduce(t, "SUM", "a sum")
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum of ``t`` over every process."""
+    return _all_reduce(t, "MAX", "a maximum")
+
+
+def _all_reduce(t: torch.Tensor, op: str, what: str) -> torch.Tensor:
     if world_size() > 1:
         src = t.device
         t = t.to(_COMM_DEVICE, copy=True)
-        with guard("a sum over processes (all_reduce)"):
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        with guard(f"{what} over processes (all_reduce)"):
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
         t = t.to(src)
     return t
 

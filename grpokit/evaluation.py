@@ -55,15 +55,18 @@ def evaluate(
     max_prompt_length: int | None = None,
     num_samples: int = 1,
     temperature: float = 1.0,
+    greedy: bool | None = None,
     keep_examples: int = 5,
     agent=None,
 ) -> dict[str, Any]:
     """Accuracy (pass@1; pass@k with ``num_samples`` = k sampled completions), format rate,
-    mean reward per function, and completion length statistics over ``rows``. With an
-    ``agent`` (tools), multi-turn completions and ``tool_call_rate`` (the fraction of
-    completions that called a tool) and ``tool_calls`` (calls per completion)."""
+    mean reward per function, and completion length statistics over ``rows``. ``greedy``
+    (None: when ``num_samples`` is 1): the most probable token each step, else samples at
+    ``temperature``. With an ``agent`` (tools), multi-turn completions and
+    ``tool_call_rate`` (the fraction of completions that called a tool) and ``tool_calls``
+    (calls per completion)."""
     tok = engine.tokenizer
-    greedy = num_samples == 1
+    greedy = num_samples == 1 if greedy is None else greedy
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy)
     correct, formatted, lengths, truncated = [], [], [], []
     per_func: dict[str, list[float]] = {reward_name(f): [] for f in reward_funcs}
@@ -125,9 +128,15 @@ def _summary(correct, formatted, lengths, truncated, per_func, examples, num_sam
 
 
 def evaluate_rows(engine, task, rows, reward_funcs, cfg, agent=None) -> dict[str, Any]:
-    """``evaluate`` with a run config's batch size and lengths, timed (``seconds``)."""
+    """``evaluate`` with a run config's batch size and lengths, timed (``seconds``).
+    Sampled (``num_generations_eval``), it draws from its own generator seeded with the run's
+    seed: the same samples at every evaluation of the same weights, and the training's
+    random stream untouched."""
     t0 = time.time()
-    with keep_decoders():  # the weights packed for decoding once for all prompt batches
+    # the weights packed for decoding once for all prompt batches
+    gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with keep_decoders(), torch.random.fork_rng(devices=gpus):
+        torch.manual_seed(cfg.seed)
         r = evaluate(
             engine,
             task,
@@ -136,6 +145,9 @@ def evaluate_rows(engine, task, rows, reward_funcs, cfg, agent=None) -> dict[str
             batch_size=cfg.per_device_eval_batch_size,
             max_new_tokens=cfg.eval_max_completion_length or cfg.max_completion_length,
             max_prompt_length=cfg.max_prompt_length,
+            num_samples=cfg.num_generations_eval or 1,
+            temperature=cfg.temperature,
+            greedy=cfg.num_generations_eval is None,
             agent=agent,
         )
     r["seconds"] = time.time() - t0

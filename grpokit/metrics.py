@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grpokit import distributed as dist
-from grpokit.algo.advantages import group_reward_stats
+from grpokit.algo.advantages import reward_spread_stats
 from grpokit.prompts import prompt_text
 
 
@@ -17,25 +17,36 @@ def _nan_none(x: float):
     return None if math.isnan(x) else x
 
 
-def round_metrics(ro, total, all_rewards, reward_names, G: int) -> dict[str, Any]:
-    """Rewards and completion lengths of one round, over every process's rows.
+def round_metrics(ro, total, all_rewards, rewards, cfg) -> dict[str, Any]:
+    """Rewards and completion lengths of one round, over every process's rows, by TRL's
+    definitions.
 
-    ``total``: (N_global,) combined rewards; ``all_rewards``: (N_global, F) per function."""
+    ``total``: (N_global,) combined rewards; ``all_rewards``: (N_global, F) per function;
+    ``rewards``: the run's reward functions (``weights``, ``names``)."""
     lengths = dist.all_gather_cat(ro.generated_lengths.float())  # tool results left out
     truncated = dist.all_gather_cat(ro.truncated.float())
+    ended = lengths[truncated == 0]
+    ended = ended if ended.numel() else torch.zeros(1)  # none ended: 0, as TRL
+    spread = reward_spread_stats(
+        all_rewards, rewards.weights, cfg.num_generations, scale_rewards=cfg.scale_rewards_mode,
+        multi_objective_aggregation=cfg.multi_objective_aggregation,
+    )  # fmt: skip
     m: dict[str, Any] = {
         "reward": torch.nanmean(total),
-        **group_reward_stats(total, G),
+        **spread,
         "completions/mean_length": lengths.mean(),
         "completions/min_length": lengths.min(),
         "completions/max_length": lengths.max(),
         "completions/clipped_ratio": truncated.mean(),
+        "completions/mean_terminated_length": ended.mean(),
+        "completions/min_terminated_length": ended.min(),
+        "completions/max_terminated_length": ended.max(),
         "tokens_generated": lengths.sum(),
         "tokens_prompt": dist.all_reduce_sum(ro.prompt_mask.sum().float()),
     }
     if ro.episodes is not None:
         m.update(tool_metrics(ro.episodes))
-    for j, name in enumerate(reward_names):
+    for j, name in enumerate(rewards.names):
         col = all_rewards[:, j]
         valid = col[~torch.isnan(col)]
         m[f"rewards/{name}/mean"] = valid.mean() if valid.numel() else float("nan")
@@ -101,6 +112,9 @@ def completions_table(prompts, texts, rewards, total, adv, reward_names) -> list
     ]
 
 
+_EXTREMES = ("_max", "_min", "/max", "/min")  # [::2]: the maxima
+
+
 class TokenWeightedMeans:
     """Loss-term metrics of micro-batches, weighted by their loss tokens, and the extremes
     of ``*_max`` / ``*_min`` metrics, combined over processes by ``result``."""
@@ -109,6 +123,7 @@ class TokenWeightedMeans:
         self.sums: dict[str, float] = {}
         self.tokens = 0.0
         self.extremes: dict[str, float] = {}
+        self.combined: dict[str, float] = {}  # already the same on every process
 
     def add(self, metrics: dict[str, torch.Tensor], ntok: float) -> None:
         self.tokens += ntok
@@ -116,10 +131,11 @@ class TokenWeightedMeans:
             self.sums[k] = self.sums.get(k, 0.0) + v.item() * ntok
 
     def add_extremes(self, metrics: dict[str, torch.Tensor]) -> None:
-        """Moves the ``*_max`` / ``*_min`` entries of ``metrics`` into the extremes."""
-        for k in [k for k in metrics if k.endswith(("_max", "_min"))]:
+        """Moves the ``*_max`` / ``*_min`` (``*/max`` / ``*/min``) entries of ``metrics``
+        into the extremes."""
+        for k in [k for k in metrics if k.endswith(_EXTREMES)]:
             v = metrics.pop(k).item()
-            pick = max if k.endswith("_max") else min
+            pick = max if k.endswith(_EXTREMES[::2]) else min
             self.extremes[k] = pick(self.extremes.get(k, v), v)
 
     def result(self) -> dict[str, float]:
@@ -131,5 +147,14 @@ class TokenWeightedMeans:
             )
             sums, tokens = dict(zip(keys, packed[:-1].tolist())), packed[-1].item()
         out = {k: v / max(tokens, 1.0) for k, v in sums.items()}
-        out.update(self.extremes)
+        ext = self.extremes
+        if dist.world_size() > 1 and ext:  # every process has the same keys (same code path)
+            keys = sorted(ext)
+            sign = [1.0 if k.endswith(_EXTREMES[::2]) else -1.0 for k in keys]
+            signed = torch.tensor([s * ext[k] for s, k in zip(sign, keys)], dtype=torch.float64)
+            ext = dict(
+                zip(keys, (s * v for s, v in zip(sign, dist.all_reduce_max(signed).tolist())))
+            )
+        out.update(ext)
+        out.update(self.combined)
         return out

@@ -269,7 +269,8 @@ def build_scheduler(opt, cfg, total_steps: int) -> torch.optim.lr_scheduler.Lamb
     """The warm-up and schedule of ``cfg`` (``lr_scheduler_kwargs`` checked by the config:
     ``num_cycles`` for the cosines, ``min_lr`` or ``min_lr_rate`` for cosine_with_min_lr,
     whose default is min_lr_rate 0.1)."""
-    warmup = math.ceil(cfg.warmup_ratio * total_steps)
+    w = cfg.warmup_steps
+    warmup = int(w) if w >= 1 else math.ceil((w or cfg.warmup_ratio) * total_steps)
     kw = dict(cfg.lr_scheduler_kwargs)
     min_lr_rate = float(
         kw.get("min_lr_rate", 0.1 if cfg.lr_scheduler_type == "cosine_with_min_lr" else 0.0)

@@ -11,23 +11,26 @@ log = logging.getLogger("grpokit")
 
 
 class PromptSampler:
-    """Yields global batches of row indices: a seeded permutation per epoch, read in order.
+    """Yields global batches of row indices: a seeded permutation per epoch (``shuffle``;
+    else the rows in order, TRL's ``shuffle_dataset: false``), read in order.
 
     Its state (epoch, position) is saved in checkpoints so a resumed run continues with
     exactly the prompts the uninterrupted run would have seen.
     """
 
-    def __init__(self, num_rows: int, batch_size: int, seed: int):
+    def __init__(self, num_rows: int, batch_size: int, seed: int, shuffle: bool = True):
         if num_rows < batch_size:
             raise ValueError(
                 f"the training set has {num_rows} prompts but one step needs {batch_size}; "
                 "use more data or fewer prompts per step"
             )
-        self.n, self.bs, self.seed = num_rows, batch_size, seed
+        self.n, self.bs, self.seed, self.shuffle = num_rows, batch_size, seed, shuffle
         self.epoch, self.pos = 0, 0
         self._perm = self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.n))
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         return torch.randperm(self.n, generator=g).tolist()
 
@@ -55,6 +58,20 @@ class PromptSampler:
             )
         self.seed, self.epoch, self.pos = s["seed"], s["epoch"], s["pos"]
         self._perm = self._permutation(self.epoch)
+
+
+def bind_chat_template_kwargs(tokenizer, kwargs: dict[str, Any]) -> None:
+    """Every ``apply_chat_template`` call on ``tokenizer`` from now on renders with
+    ``kwargs`` (TRL's ``chat_template_kwargs``, e.g. ``enable_thinking: false``) unless the
+    call names them itself: training prompts, held-out evaluation and tool turns alike."""
+    if not kwargs:
+        return
+    render = tokenizer.apply_chat_template
+
+    def apply_chat_template(*args, **kw):
+        return render(*args, **{**kwargs, **kw})
+
+    tokenizer.apply_chat_template = apply_chat_template
 
 
 def render_prompts(tokenizer, prompts: list[str | list[dict[str, str]]]) -> list[str]:

@@ -33,7 +33,7 @@ from grpokit.optim import (
     build_scheduler,
     params_to_clip,
 )
-from grpokit.prompts import PromptSampler
+from grpokit.prompts import PromptSampler, bind_chat_template_kwargs
 from grpokit.reference import Reference, frozen_copy
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.hf import HFRolloutEngine
@@ -206,7 +206,7 @@ def build_data(cfg: GRPOConfig, task) -> Data:
     train_rows = task.build(cfg.dataset_train_split, limit=cfg.max_train_samples)
     eval_rows = held_out_rows(cfg, task)
     W = dist.world_size()  # prompts_per_step % W == 0: config.check_processes
-    sampler = PromptSampler(len(train_rows), cfg.prompts_per_step, cfg.seed)
+    sampler = PromptSampler(len(train_rows), cfg.prompts_per_step, cfg.seed, cfg.shuffle_dataset)
     if cfg.max_steps > 0:
         total = cfg.max_steps
     else:
@@ -234,6 +234,22 @@ class Models:
     amp_dtype: torch.dtype | None
 
 
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Every dropout of ``model`` set to 0, as TRL's ``disable_dropout``: its ``nn.Dropout``
+    modules (LoRA's included) and the attention-probability dropout layers keep as a float
+    (``attention_dropout``, which TRL leaves). Returns how many were above 0."""
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            n += mod.p > 0
+            mod.p = 0.0
+        p = getattr(mod, "attention_dropout", None)
+        if isinstance(p, float) and not isinstance(mod, torch.nn.Dropout):
+            n += p > 0
+            mod.attention_dropout = 0.0
+    return n
+
+
 def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
     from grpokit.models import load_model_and_tokenizer
 
@@ -252,8 +268,11 @@ def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
         attn_implementation=cfg.attn_implementation,
         device_type=device.type,
     )
+    bind_chat_template_kwargs(tokenizer, cfg.chat_template_kwargs)
     model.to(device)
     model.train()
+    if cfg.disable_dropout:  # before the reference copy, as TRL
+        disable_dropout(model)
     if cfg.cast_lm_head_to_fp32:  # before the reference copy: it is cast too (as TRL)
         cast_lm_head_to_fp32(model)
     amp_dtype = torch.bfloat16 if cfg.bf16 else None
@@ -469,7 +488,8 @@ def _step_pieces(cfg, m: Models, strategy, device):
     )
     correction = SamplingCorrection(
         mode=cfg.vllm_importance_sampling_mode,
-        cap=cfg.vllm_importance_sampling_cap,
+        clip_max=cfg.vllm_importance_sampling_clip_max,
+        clip_min=cfg.vllm_importance_sampling_clip_min,
         apply=cfg.vllm_importance_sampling_correction,
     )
     gradients = GradientPass(

@@ -203,7 +203,7 @@ class GRPOTrainer:
             ref_logp = self.reference.logps(self.logprobs, ro, self.opt.plan(ro))
         batch = Batch(ro, loss_mask, adv, None, ref_logp)
         t3 = time.time()
-        m = round_metrics(ro, total, all_rewards, self.rewards.names, G)
+        m = round_metrics(ro, total, all_rewards, self.rewards, c)
         m.update({"time/generation": g.seconds[0], "time/scoring": g.seconds[1] + t2 - t1})
         m.update({"time/reference": t3 - t2, **extra})
         if getattr(self.engine, "sync_seconds", None) is not None:

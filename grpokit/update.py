@@ -21,7 +21,8 @@ class SamplingCorrection:
     """Truncated importance sampling of the rollout engine's log-probs against ours (vLLM)."""
 
     mode: str = "token_truncate"
-    cap: float = 2.0
+    clip_max: float | None = 2.0
+    clip_min: float | None = None
     apply: bool = True  # False: measured and logged, not applied
 
 
@@ -77,7 +78,8 @@ class GradientPass:
             record = torch.zeros_like(b.loss_mask, dtype=torch.float32)
         res = GradientResult()
         s_logps = b.rollout.sampling_logps
-        window = torch.zeros(2, dtype=torch.float64)  # the bonus tokens' entropy sum, count
+        # the bonus tokens' entropy sum and count, the policy terms' sum
+        window = torch.zeros(3, dtype=torch.float64)
         bonus_w = self._bonus_weights(b.loss_mask)
         for sl in micro_batches:
             with training_attention(self.own_attention):
@@ -103,6 +105,7 @@ class GradientPass:
                 loss = loss / per_mb
             if self.entropy is not None:
                 w = None if bonus_w is None else bonus_w[sl]
+                window[2] += loss.item()  # the policy term before the bonus (TRL's policy_loss)
                 loss = self._minus_bonus(loss, ent, b.loss_mask[sl], per_mb, window, w)
             if not torch.isfinite(loss):
                 res.finite = False
@@ -117,7 +120,8 @@ class GradientPass:
         if self.entropy is not None:  # every rank ran the loop: the collective is safe
             total = dist.all_reduce_sum(window)
             self.entropy.update((total[0] / total[1].clamp(min=1.0)).item())
-            res.means.extremes["entropy_coef"] = self.entropy.coef
+            res.means.combined["entropy_coef"] = self.entropy.coef
+            res.means.combined["policy_loss"] = total[2].item()
         return res
 
     def state_dict(self) -> dict[str, float] | None:
@@ -148,7 +152,7 @@ class GradientPass:
             num_micro_batches=per_mb,
             row_weights=row_weights,
         )
-        window += torch.stack([e_sum, e_count]).double().cpu()
+        window[:2] += torch.stack([e_sum, e_count]).double().cpu()
         return loss - self.entropy.applied() * term
 
     def _sampling_weights(self, b: Batch, sl, logp, means: TokenWeightedMeans):
@@ -159,6 +163,8 @@ class GradientPass:
             return None, {}
         c = self.correction
         old = logp.detach() if b.old_logp is None else b.old_logp[sl]
-        is_w, is_m = sampling_is_weights(old, s_logps[sl], b.loss_mask[sl], mode=c.mode, cap=c.cap)
+        is_w, is_m = sampling_is_weights(
+            old, s_logps[sl], b.loss_mask[sl], mode=c.mode, clip_max=c.clip_max, clip_min=c.clip_min
+        )
         means.add_extremes(is_m)
         return (is_w if c.apply else None), is_m

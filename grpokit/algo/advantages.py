@@ -154,13 +154,42 @@ def _reinforce_pp_baseline(
     return torch.where(counted, white, torch.zeros_like(white))
 
 
-def group_reward_stats(rewards: torch.Tensor, group_size: int) -> dict[str, torch.Tensor]:
-    """Per-batch statistics of the groups: mean within-group std, and the fraction of
-    groups whose rewards are all equal (they carry no learning signal)."""
-    r = rewards.view(-1, group_size)
-    _, std = _nan_mean_std(r, dim=1)
-    std = torch.nan_to_num(std.squeeze(1), nan=0.0)
-    return {"reward_std": std.mean(), "frac_reward_zero_std": (std < 1e-6).float().mean()}
+def reward_spread_stats(
+    rewards_per_func: torch.Tensor,
+    reward_weights: torch.Tensor,
+    group_size: int,
+    *,
+    scale_rewards: str = "group",
+    multi_objective_aggregation: str = "sum_then_normalize",
+    eps: float = 1e-4,
+) -> dict[str, torch.Tensor]:
+    """TRL's ``reward_std`` and ``frac_reward_zero_std`` of a step's (N, F) rewards.
+
+    ``reward_std``: the unbiased, NaN-aware std of the combined rewards over the whole batch.
+    ``frac_reward_zero_std``: the fraction of rows whose std used for the advantage is zero
+    (|std| <= 1e-8, as ``torch.isclose``; a NaN std, a group with one scored completion, is
+    not zero): with ``scale_rewards`` group or none the group's std, so the fraction of groups
+    whose rewards are all equal; with batch, or ``normalize_then_sum``, the batch's std, so
+    0 or 1."""
+    total = weighted_sum(rewards_per_func, reward_weights).double()
+    _, batch_std = _nan_mean_std(total, dim=None)
+    if multi_objective_aggregation == "normalize_then_sum":
+        _, std = _nan_mean_std(
+            _normalized_sum(rewards_per_func, reward_weights, group_size, eps), None
+        )
+        zero = _is_zero(std).double()
+    elif scale_rewards == "batch":
+        zero = _is_zero(batch_std).double()
+    elif group_size == 1:
+        zero = torch.ones((), dtype=torch.float64)
+    else:
+        _, std = _nan_mean_std(total.view(-1, group_size), dim=1)
+        zero = _is_zero(std).double().mean()
+    return {"reward_std": batch_std, "frac_reward_zero_std": zero}
+
+
+def _is_zero(std: torch.Tensor) -> torch.Tensor:
+    return std.abs() <= 1e-8  # NaN: False
 
 
 def weighted_sum(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -169,6 +198,20 @@ def weighted_sum(rewards: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     total = torch.nansum(rewards * weights[None], dim=1)
     none_applied = torch.isnan(rewards).all(dim=1)
     return torch.where(none_applied, torch.full_like(total, float("nan")), total)
+
+
+def _normalized_sum(
+    rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, group_size: int, eps: float
+) -> torch.Tensor:
+    """(N,) float64: each function normalised within each group, then the weighted sum (GDPO);
+    NaN where no function applies."""
+    N, F = rewards_per_func.shape
+    r = rewards_per_func.double().view(-1, group_size, F)
+    mean, std = _nan_mean_std(r, dim=1)  # (B, 1, F)
+    std = torch.nan_to_num(std, nan=0.0)
+    per_func = ((r - mean) / (std + eps)).view(N, F)
+    s = torch.nansum(per_func * reward_weights.double()[None], dim=1)
+    return torch.where(torch.isnan(rewards_per_func).all(dim=1), float("nan"), s)
 
 
 def multi_objective_advantages(
@@ -214,12 +257,7 @@ def multi_objective_advantages(
     N, F = rewards_per_func.shape
     if N % group_size:
         raise ValueError(f"{N} rows are not a multiple of group_size={group_size}")
-    r = rewards_per_func.double().view(-1, group_size, F)
-    mean, std = _nan_mean_std(r, dim=1)  # (B, 1, F)
-    std = torch.nan_to_num(std, nan=0.0)
-    per_func = ((r - mean) / (std + eps)).view(N, F)
-    s = torch.nansum(per_func * reward_weights.double()[None], dim=1)
-    s = torch.where(torch.isnan(rewards_per_func).all(dim=1), float("nan"), s)
+    s = _normalized_sum(rewards_per_func, reward_weights, group_size, eps)
     bmean, bstd = _nan_mean_std(s, dim=None)
     adv = (s - bmean) / (torch.nan_to_num(bstd, nan=0.0) + eps)
     out_dtype = rewards_per_func.dtype if rewards_per_func.is_floating_point() else torch.float32

@@ -33,10 +33,11 @@ the samples are slightly off-policy. Truncated importance sampling (Yao et al. 2
 efficient RL framework secretly brings you off-policy RL training") multiplies each token's
 policy term (not the KL term, as TRL) by a detached weight
 
-    w_t = min(pi_trainer(y_t) / pi_engine(y_t), C)                 (token_truncate)
+    w_t = clamp(pi_trainer(y_t) / pi_engine(y_t), C_min, C_max)     (token_truncate)
 
-or zero instead of C above the cap (token_mask), or one weight per sequence from the
-product of its token ratios (sequence_truncate, sequence_mask).
+or zero outside [C_min, C_max] (token_mask), or one weight per sequence from the product of
+its token ratios (sequence_truncate, sequence_mask). A token the engine gave no log-prob for
+(NaN) has ratio 1, as TRL.
 
 Micro-batching. To make a micro-batch's loss its exact share of the whole batch's loss
 (so the sum of micro-batch losses equals the full-batch loss), pass ``num_sequences``
@@ -47,6 +48,8 @@ a per-micro-batch mean; the caller averages it over micro-batches.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -301,52 +304,72 @@ def sampling_is_weights(
     mask: torch.Tensor,
     *,
     mode: str = "token_truncate",
-    cap: float = 2.0,
+    clip_max: float | None = 2.0,
+    clip_min: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Importance weights pi_trainer / pi_engine for tokens sampled by another engine.
 
     Args:
         trainer_logp: (N, T) the trainer's log-probs of the sampled tokens under the weights
             that sampled them (detached; ``old_logp``).
-        sampling_logp: (N, T) the engine's log-probs of the same tokens.
+        sampling_logp: (N, T) the engine's log-probs of the same tokens; NaN where the engine
+            gave none (such a token's ratio is 1, as TRL).
         mask: (N, T) 1 on completion tokens.
-        mode: one of ``SAMPLING_IS_MODES``; cap: C.
+        mode: one of ``SAMPLING_IS_MODES``. ``clip_max`` / ``clip_min``: TRL's
+            ``vllm_importance_sampling_clip_max`` / ``_clip_min`` (None: no bound on that
+            side; at least one set, and ratio 1 inside them): ``*_truncate`` clamps ratios to
+            them, ``*_mask`` zeroes ratios outside.
 
     Returns:
-        ``(weights, metrics)``: (N, T) detached weights, 0 on padding; metrics over
-        completion tokens: ``sampling/logp_abs_diff_mean``, ``sampling/logp_abs_diff_max``
-        (|logp_engine - logp_trainer|), ``sampling/is_ratio_mean``, ``sampling/is_ratio_min``,
-        ``sampling/is_ratio_max`` (the ratios before capping, per token or per sequence as
-        the mode uses them), ``sampling/is_capped_frac`` (tokens whose ratio was above C).
+        ``(weights, metrics)``: (N, T) detached weights, 0 on padding; TRL's metrics
+        ``sampling/sampling_logp_difference/mean`` and ``/max`` (|logp_engine -
+        logp_trainer| over completion tokens the engine scored),
+        ``sampling/importance_sampling_ratio/min``, ``/mean``, ``/max`` (the weights after
+        clamping or masking, over completion tokens in token modes, over sequences with a
+        completion token in sequence modes), and ``sampling/is_capped_frac`` (completion
+        tokens whose ratio was outside the bounds).
     """
     if mode not in SAMPLING_IS_MODES:
         raise ValueError(f"mode must be one of {SAMPLING_IS_MODES}, got {mode!r}")
-    if cap < 1:
-        raise ValueError(f"cap={cap} must be >= 1")
+    if clip_max is None and clip_min is None:
+        raise ValueError("set clip_max or clip_min (an importance-ratio bound)")
+    if (clip_max is not None and clip_max < 1) or (clip_min is not None and clip_min > 1):
+        raise ValueError(f"clip_min={clip_min}, clip_max={clip_max}: the bounds must contain 1")
     with torch.no_grad():
         m = mask.to(torch.float32)
-        n_tok = m.sum().clamp(min=1.0)
-        log_r = (trainer_logp.float() - sampling_logp.float()) * m  # (N, T)
-        if mode.startswith("sequence"):
+        diff = trainer_logp.float() - sampling_logp.float()
+        scored = m.bool() & ~torch.isnan(diff)
+        log_r = torch.where(scored, diff, torch.zeros_like(diff))  # (N, T), NaN -> ratio 1
+        sequence = mode.startswith("sequence")
+        if sequence:
             seq = log_r.sum(-1).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)  # (N,)
             ratio = torch.exp(seq).unsqueeze(-1).expand_as(log_r)
         else:
             ratio = torch.exp(log_r.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP))
-        over = (ratio > cap).float() * m
+        hi = math.inf if clip_max is None else clip_max
+        lo = -math.inf if clip_min is None else clip_min
+        outside = (ratio > hi) | (ratio < lo)
         if mode.endswith("truncate"):
-            w = ratio.clamp(max=cap)
+            w = ratio.clamp(min=clip_min, max=clip_max)
         else:
-            w = torch.where(ratio > cap, torch.zeros_like(ratio), ratio)
+            w = torch.where(outside, torch.zeros_like(ratio), ratio)
+        d = log_r.abs()[scored]
+        shown = w[:, 0][m.bool().any(-1)] if sequence else w[m.bool()]
         w = w * m
-        sel = m.bool()
-        diff = log_r.abs()
-        r_sel = ratio[sel]
         metrics = {
-            "sampling/logp_abs_diff_mean": diff.sum() / n_tok,
-            "sampling/logp_abs_diff_max": diff.max() if diff.numel() else torch.zeros(()),
-            "sampling/is_ratio_mean": (ratio * m).sum() / n_tok,
-            "sampling/is_ratio_min": r_sel.min() if r_sel.numel() else torch.ones(()),
-            "sampling/is_ratio_max": r_sel.max() if r_sel.numel() else torch.ones(()),
-            "sampling/is_capped_frac": over.sum() / n_tok,
+            "sampling/sampling_logp_difference/mean": d.mean() if d.numel() else _zero(),
+            "sampling/sampling_logp_difference/max": d.max() if d.numel() else _zero(),
+            "sampling/importance_sampling_ratio/mean": shown.mean() if shown.numel() else _one(),
+            "sampling/importance_sampling_ratio/min": shown.min() if shown.numel() else _one(),
+            "sampling/importance_sampling_ratio/max": shown.max() if shown.numel() else _one(),
+            "sampling/is_capped_frac": (outside.float() * m).sum() / m.sum().clamp(min=1.0),
         }
     return w, metrics
+
+
+def _zero() -> torch.Tensor:
+    return torch.zeros(())
+
+
+def _one() -> torch.Tensor:
+    return torch.ones(())

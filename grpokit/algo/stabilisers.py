@@ -46,9 +46,10 @@ def off_policy_mask(
     threshold: float,
 ) -> torch.Tensor:
     """(N, 1) float: 1 keeps a sequence, 0 drops it. Kept when its advantage is >= 0 or
-    its mean over completion tokens of ``sampling_logp - logp`` is <= ``threshold``."""
+    its mean over completion tokens of ``sampling_logp - logp`` is <= ``threshold``. A token
+    the engine gave no log-prob for (NaN) adds 0, as TRL."""
     m = mask.to(logp.dtype)
-    kl = (sampling_logp - logp.detach()) * m
+    kl = torch.nan_to_num(sampling_logp - logp.detach(), nan=0.0) * m
     seq_kl = kl.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)  # (N, 1)
     adv = advantages.reshape(-1, 1)
     return ((adv >= 0) | (seq_kl <= threshold)).to(logp.dtype)

@@ -174,8 +174,15 @@ def _outputs_to_lists(outs) -> tuple[list[list[int]], list[list[float]]]:
         if len(lps) != len(t):
             raise VLLMError(f"vLLM gave {len(lps)} log-prob entries for {len(t)} tokens")
         token_ids.append(t)
-        logps.append([float(d[tok].logprob) for tok, d in zip(t, lps)])
+        logps.append([_logprob(d, tok) for tok, d in zip(t, lps)])
     return token_ids, logps
+
+
+def _logprob(entry, tok: int) -> float:
+    """vLLM's log-prob of the sampled token ``tok``; NaN when it gave none (the importance
+    weight of such a token is then 1 and the gap metrics leave it out, as TRL)."""
+    lp = entry.get(tok) if entry else None
+    return float("nan") if lp is None or lp.logprob is None else float(lp.logprob)
 
 
 def run_vllm(llm, prompts: list[list[int]], params: SamplingParams, eos_ids, seeds):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from grpokit.algo import group_advantages
-from grpokit.algo.advantages import group_reward_stats
+from grpokit.algo.advantages import reward_spread_stats
 
 
 def test_seed_tutorial_example():
@@ -64,7 +64,61 @@ def test_bad_shapes():
         group_advantages(torch.zeros(4), 2, "median")
 
 
-def test_group_stats():
-    st = group_reward_stats(torch.tensor([1.0, 1.0, 0.0, 2.0]), 2)
-    assert st["frac_reward_zero_std"].item() == 0.5
-    torch.testing.assert_close(st["reward_std"], torch.tensor(2**0.5 / 2))
+def _trl_nanstd(x, dim=None):
+    """TRL's ``nanstd`` (trl/trainer/utils.py): unbiased, NaN entries left out."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    var = torch.nanmean((x - mean) ** 2, dim=dim)
+    count = torch.sum(~torch.isnan(x), dim=dim)
+    return torch.sqrt(var * count / (count - 1))
+
+
+def _trl_spread(rpf, w, G, scale, agg):
+    """TRL 1.16's reward_std / frac_reward_zero_std, written from _generate_and_score_completions."""
+    unscorable = torch.isnan(rpf).all(dim=1)
+    rewards = (rpf * w[None]).nansum(dim=1)
+    rewards[unscorable] = torch.nan
+    if agg == "normalize_then_sum":
+        g = rpf.view(-1, G, rpf.shape[1])
+        rk = (g - torch.nanmean(g, dim=1, keepdim=True)) / (
+            _trl_nanstd(g, dim=1).unsqueeze(1) + 1e-4
+        )
+        s = (rk.view(-1, rpf.shape[1]) * w[None]).nansum(dim=1)
+        s[unscorable] = torch.nan
+        std = _trl_nanstd(s).expand_as(s)
+    elif scale == "batch":
+        std = _trl_nanstd(rewards).expand_as(rewards)
+    else:
+        std = _trl_nanstd(rewards.view(-1, G), dim=1).repeat_interleave(G)
+    zero = torch.isclose(std, torch.zeros_like(std)).float().mean()
+    return _trl_nanstd(rewards), zero
+
+
+@pytest.mark.parametrize(
+    "scale,agg",
+    [("group", "sum_then_normalize"), ("none", "sum_then_normalize"),
+     ("batch", "sum_then_normalize"), ("group", "normalize_then_sum")],
+)  # fmt: skip
+def test_reward_spread_matches_trl(scale, agg):
+    """reward_std is the batch's std (not a mean of group stds); frac_reward_zero_std counts
+    groups with equal rewards (group, none) or is the batch's 0/1 (batch, normalize_then_sum);
+    a group with one scored completion (NaN std) is not zero."""
+    torch.manual_seed(0)
+    G = 4
+    rpf = torch.randint(0, 3, (16, 2)).float()
+    rpf[0:4] = torch.tensor([1.0, 0.5])  # a group with equal rewards
+    rpf[4:8, 0] = float("nan")  # function 0 does not apply to group 1
+    rpf[8:11] = float("nan")  # group 2: one scored completion
+    w = torch.tensor([1.0, 0.5])
+    st = reward_spread_stats(rpf, w, G, scale_rewards=scale, multi_objective_aggregation=agg)
+    ref_std, ref_zero = _trl_spread(rpf, w, G, scale, agg)
+    torch.testing.assert_close(st["reward_std"].float(), ref_std, rtol=1e-6, atol=1e-7)
+    assert st["frac_reward_zero_std"].item() == ref_zero.item()
+    if scale in ("group", "none") and agg == "sum_then_normalize":
+        assert ref_zero.item() == 0.25  # group 0 only; group 2's NaN std is not zero
+
+
+def test_reward_spread_all_equal_batch():
+    rpf = torch.ones(8, 1)
+    for scale in ("group", "batch"):
+        st = reward_spread_stats(rpf, torch.ones(1), 4, scale_rewards=scale)
+        assert st["frac_reward_zero_std"].item() == 1.0 and st["reward_std"].item() == 0.0

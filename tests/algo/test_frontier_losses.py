@@ -108,6 +108,9 @@ def test_off_policy_mask_drops_negative_far_sequences():
     # without sampling_logp the old log-probs are the sampler's: nothing is far here
     loss, _ = policy_loss(logp, None, None, adv, mask, off_policy_mask_threshold=0.5)
     assert loss.item() == pytest.approx((-2 + 2 + 2) / 6)
+    # a token the engine did not score (NaN) adds nothing, as TRL: row 2 stays kept
+    samp[2, 1] = float("nan")
+    assert off_policy_mask(adv, logp, samp, mask, 0.5).squeeze(1).tolist() == [1.0, 0.0, 1.0]
 
 
 def test_high_entropy_mask_keeps_the_top_quantile():

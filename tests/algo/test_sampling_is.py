@@ -19,22 +19,76 @@ def _logps():
 
 def test_token_truncate_by_hand():
     t, e, m = _logps()
-    w, met = sampling_is_weights(t, e, m, mode="token_truncate", cap=1.5)
+    w, met = sampling_is_weights(t, e, m, mode="token_truncate", clip_max=1.5)
     # ratios: e^0.5=1.6487 -> capped 1.5, e^-1, 1 ; 1, e^-2.5, (pad)
     expected = torch.tensor([[1.5, math.exp(-1.0), 1.0], [1.0, math.exp(-2.5), 0.0]])
     assert torch.allclose(w, expected, atol=1e-6)
     assert met["sampling/is_capped_frac"].item() == pytest.approx(1 / 5)
-    assert met["sampling/logp_abs_diff_mean"].item() == pytest.approx((0.5 + 1 + 0 + 0 + 2.5) / 5)
-    assert met["sampling/logp_abs_diff_max"].item() == pytest.approx(2.5)
-    raw = [math.exp(0.5), math.exp(-1.0), 1.0, 1.0, math.exp(-2.5)]
-    assert met["sampling/is_ratio_mean"].item() == pytest.approx(sum(raw) / 5, rel=1e-6)
-    assert met["sampling/is_ratio_max"].item() == pytest.approx(math.exp(0.5), rel=1e-6)
-    assert met["sampling/is_ratio_min"].item() == pytest.approx(math.exp(-2.5), rel=1e-6)
+    diff = "sampling/sampling_logp_difference/"
+    assert met[diff + "mean"].item() == pytest.approx((0.5 + 1 + 0 + 0 + 2.5) / 5)
+    assert met[diff + "max"].item() == pytest.approx(2.5)
+    kept = [1.5, math.exp(-1.0), 1.0, 1.0, math.exp(-2.5)]  # after truncation, as TRL logs
+    ratio = "sampling/importance_sampling_ratio/"
+    assert met[ratio + "mean"].item() == pytest.approx(sum(kept) / 5, rel=1e-6)
+    assert met[ratio + "max"].item() == pytest.approx(1.5, rel=1e-6)
+    assert met[ratio + "min"].item() == pytest.approx(math.exp(-2.5), rel=1e-6)
+
+
+def test_lower_bound_truncates_and_masks():
+    t, e, m = _logps()
+    w, met = sampling_is_weights(t, e, m, mode="token_truncate", clip_max=None, clip_min=0.5)
+    expected = torch.tensor([[math.exp(0.5), 0.5, 1.0], [1.0, 0.5, 0.0]])
+    assert torch.allclose(w, expected, atol=1e-6)
+    assert met["sampling/is_capped_frac"].item() == pytest.approx(2 / 5)
+    w, _ = sampling_is_weights(t, e, m, mode="token_mask", clip_max=1.5, clip_min=0.5)
+    expected = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    assert torch.allclose(w, expected, atol=1e-6)
+
+
+def _trl_is(old, sampling, mask, mode, cmax, cmin):
+    """TRL 1.16's vLLM importance-sampling ratio (GRPOTrainer._generate_and_score_completions)."""
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    seq = mode.startswith("sequence")
+    r = torch.exp(diff.sum(-1, keepdim=True) if seq else diff)
+    if mode.endswith("truncate"):
+        r = torch.clamp(r, min=cmin, max=cmax)
+    else:
+        lo = -math.inf if cmin is None else cmin
+        hi = math.inf if cmax is None else cmax
+        r = r.masked_fill((r < lo) | (r > hi), 0.0)
+    shown = r.flatten() if seq else r[mask.bool()]
+    delta = torch.abs(old - sampling)[mask.bool() & ~torch.isnan(old - sampling)]
+    return r, shown, delta
+
+
+@pytest.mark.parametrize(
+    "mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+)
+@pytest.mark.parametrize("bounds", [(3.0, None), (2.0, 0.5), (None, 0.8)])
+def test_matches_trl_including_unscored_tokens(mode, bounds):
+    """Weights on completion tokens and TRL's logged metrics; a NaN engine log-prob counts as
+    ratio 1 and is left out of the difference metrics, as TRL."""
+    torch.manual_seed(1)
+    old = -torch.rand(6, 5) * 2
+    sampling = old + torch.randn(6, 5) * 0.3
+    sampling[2, 1] = float("nan")
+    mask = torch.ones(6, 5)
+    mask[3, 2:] = 0
+    cmax, cmin = bounds
+    w, met = sampling_is_weights(old, sampling, mask, mode=mode, clip_max=cmax, clip_min=cmin)
+    r, shown, delta = _trl_is(old, sampling, mask, mode, cmax, cmin)
+    torch.testing.assert_close(w, (r * mask).expand_as(w) * mask, rtol=1e-6, atol=1e-7)
+    p = "sampling/importance_sampling_ratio/"
+    for k, f in (("mean", torch.mean), ("min", torch.min), ("max", torch.max)):
+        assert met[p + k].item() == pytest.approx(f(shown).item(), rel=1e-6)
+    d = "sampling/sampling_logp_difference/"
+    assert met[d + "mean"].item() == pytest.approx(delta.mean().item(), rel=1e-6)
+    assert met[d + "max"].item() == pytest.approx(delta.max().item(), rel=1e-6)
 
 
 def test_token_mask_zeroes_tokens_above_cap():
     t, e, m = _logps()
-    w, _ = sampling_is_weights(t, e, m, mode="token_mask", cap=1.5)
+    w, _ = sampling_is_weights(t, e, m, mode="token_mask", clip_max=1.5)
     expected = torch.tensor([[0.0, math.exp(-1.0), 1.0], [1.0, math.exp(-2.5), 0.0]])
     assert torch.allclose(w, expected, atol=1e-6)
 
@@ -42,15 +96,15 @@ def test_token_mask_zeroes_tokens_above_cap():
 def test_sequence_modes_use_the_product_of_token_ratios():
     t, e, m = _logps()
     # row 0: log ratio sum = 0.5 - 1 + 0 = -0.5; row 1: 0 - 2.5 = -2.5 (pad slot ignored)
-    w, _ = sampling_is_weights(t, e, m, mode="sequence_truncate", cap=2.0)
+    w, _ = sampling_is_weights(t, e, m, mode="sequence_truncate", clip_max=2.0)
     assert torch.allclose(w[0], torch.full((3,), math.exp(-0.5)), atol=1e-6)
     assert torch.allclose(w[1], torch.tensor([math.exp(-2.5)] * 2 + [0.0]), atol=1e-6)
     e2 = e.clone()
     e2[0] -= 1.0  # row 0 now has log ratio sum 2.5 -> ratio 12.2 > cap
-    w, met = sampling_is_weights(t, e2, m, mode="sequence_truncate", cap=2.0)
+    w, met = sampling_is_weights(t, e2, m, mode="sequence_truncate", clip_max=2.0)
     assert torch.allclose(w[0], torch.full((3,), 2.0))
     assert met["sampling/is_capped_frac"].item() == pytest.approx(3 / 5)
-    w, _ = sampling_is_weights(t, e2, m, mode="sequence_mask", cap=2.0)
+    w, _ = sampling_is_weights(t, e2, m, mode="sequence_mask", clip_max=2.0)
     assert torch.equal(w[0], torch.zeros(3))
     assert w[1, 0].item() == pytest.approx(math.exp(-2.5), rel=1e-6)
 
@@ -63,7 +117,7 @@ def test_equal_logps_give_weight_one_and_leave_the_loss_unchanged():
     adv = torch.tensor([1.0, -0.5, 0.2, -1.0])
     w, met = sampling_is_weights(logp.detach(), logp.detach(), mask)
     assert torch.equal(w, mask)
-    assert met["sampling/logp_abs_diff_mean"].item() == 0.0
+    assert met["sampling/sampling_logp_difference/mean"].item() == 0.0
     assert met["sampling/is_capped_frac"].item() == 0.0
     base, _ = policy_loss(logp, None, None, adv, mask)
     corrected, _ = policy_loss(logp, None, None, adv, mask, is_weights=w)
@@ -83,9 +137,11 @@ def test_weights_scale_each_tokens_gradient_and_carry_none_themselves():
     assert w.grad is None  # detached inside: the weight is a constant of the step
 
 
-def test_bad_mode_and_cap_are_refused():
+def test_bad_mode_and_bounds_are_refused():
     t, e, m = _logps()
     with pytest.raises(ValueError, match="mode"):
         sampling_is_weights(t, e, m, mode="tis")
-    with pytest.raises(ValueError, match="cap"):
-        sampling_is_weights(t, e, m, cap=0.5)
+    with pytest.raises(ValueError, match="contain 1"):
+        sampling_is_weights(t, e, m, clip_max=0.5)
+    with pytest.raises(ValueError, match="clip_max or clip_min"):
+        sampling_is_weights(t, e, m, clip_max=None)

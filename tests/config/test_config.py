@@ -173,17 +173,113 @@ def test_a_registered_task_is_known_to_the_config():
 def test_vllm_keys_are_real_and_validated():
     c = build_config({"use_vllm": True, "vllm_mode": "server", "vllm_server_port": 8123})
     assert c.use_vllm and c.vllm_mode == "server" and c.vllm_server_port == 8123
-    assert c.vllm_importance_sampling_correction and c.vllm_importance_sampling_cap == 2.0
+    assert c.vllm_importance_sampling_correction and c.vllm_importance_sampling_clip_max == 2.0
     for bad, match in [
         ({"vllm_mode": "remote"}, "vllm_mode"),
         ({"vllm_server_port": 0}, "vllm_server_port"),
         ({"vllm_server_timeout": 0}, "vllm_server_timeout"),
         ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization"),
         ({"vllm_importance_sampling_mode": "tis"}, "token_truncate"),
-        ({"vllm_importance_sampling_cap": 0.5}, "vllm_importance_sampling_cap"),
+        ({"vllm_importance_sampling_clip_max": 0.5}, "ratio 1 .* must lie inside"),
+        ({"vllm_importance_sampling_clip_min": 1.5}, "ratio 1 .* must lie inside"),
+        ({"vllm_importance_sampling_clip_max": None}, "both null"),
     ]:
         with pytest.raises(ConfigError, match=match):
             build_config(bad)
+
+
+def test_trl_1_16_keys_are_known():
+    """Every key of TRL 1.16's GRPOConfig and transformers 5's TrainingArguments is a grpokit
+    key, mapped, ignored with a warning, or refused at a non-default value with the fix: a
+    TRL recipe never fails on "unknown config key"."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from grpokit import config as C
+
+    trl_only = [
+        "model_init_kwargs", "router_aux_loss_coef", "disable_dropout", "num_generations_eval",
+        "ds3_gather_for_generation", "shuffle_dataset", "pad_to_multiple_of",
+        "generation_batch_size", "steps_per_generation", "generation_kwargs",
+        "chat_template_kwargs", "cache_implementation", "vllm_model_impl",
+        "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_group_port",
+        "vllm_max_model_length", "vllm_tensor_parallel_size", "log_multimodal",
+        "log_unique_prompts", "log_completions_hub_repo", "use_transformers_continuous_batching",
+        "transformers_continuous_batching_config", "use_transformers_paged",
+        "vllm_importance_sampling_cap", "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min",
+    ]  # fmt: skip
+    known = {f.name for f in dataclasses.fields(GRPOConfig)} | set(C.IGNORED_KEYS)
+    known |= set(C.DEFAULT_ONLY_KEYS) | set(C.TRL_ALIASES) | set(C.RENAMED_KEYS)
+    known |= {"use_cpu", "vllm_server_base_url", "generation_kwargs", "model_init_kwargs"}
+    names = trl_only + [f.name for f in dataclasses.fields(TrainingArguments)]
+    assert [k for k in names if k not in known] == []
+
+
+def test_trl_keys_map_onto_grpokit_keys():
+    with pytest.warns(UserWarning, match="deprecated name of vllm_importance_sampling_clip_max"):
+        assert (
+            build_config({"vllm_importance_sampling_cap": 3.0}).vllm_importance_sampling_clip_max
+            == 3.0
+        )
+    c = build_config(
+        {"generation_kwargs": {"top_k": 50, "repetition_penalty": 1.1}, "use_cpu": True,
+         "model_init_kwargs": {"dtype": "bfloat16", "attn_implementation": "eager"},
+         "vllm_server_base_url": "http://10.0.0.2:8001", "vllm_max_model_length": 1024,
+         "steps_per_generation": 2, "gradient_accumulation_steps": 2, "warmup_steps": 0.1,
+         "deepspeed": None, "torch_compile": False, "fsdp": ""}
+    )  # fmt: skip
+    assert (c.top_k, c.repetition_penalty, c.device) == (50, 1.1, "cpu")
+    assert (c.torch_dtype, c.attn_implementation) == ("bfloat16", "eager")
+    assert (c.vllm_server_host, c.vllm_server_port, c.vllm_max_model_len) == (
+        "10.0.0.2",
+        8001,
+        1024,
+    )
+    assert c.warmup_steps == 0.1
+    for bad, match in [
+        ({"generation_kwargs": {"max_new_tokens": 5}}, "it takes temperature"),
+        ({"generation_kwargs": {"top_k": 5}, "top_k": 3}, "top_k is set twice"),
+        ({"vllm_server_base_url": "10.0.0.2"}, "http://HOST:PORT"),
+        ({"steps_per_generation": 4, "gradient_accumulation_steps": 2}, "generates once per"),
+        ({"generation_batch_size": 64}, "generates one optimizer step"),
+        ({"deepspeed": "ds.json"}, "accelerate launch --config_file"),
+        ({"resume_from_checkpoint": "out/checkpoint-5"}, "--resume"),
+        ({"torch_compile": True}, "does not compile"),
+        ({"vllm_tensor_parallel_size": 2}, "tensor-parallel 1"),
+        ({"warmup_steps": 2.5}, "whole number"),
+        ({"num_generations_eval": 0}, "num_generations_eval"),
+        (
+            {"vllm_importance_sampling_cap": 2.0, "vllm_importance_sampling_clip_max": 3.0},
+            "keep only",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            build_config(bad)
+
+
+def test_warmup_steps_count_or_fraction():
+    import torch
+
+    from grpokit.optim import build_scheduler
+
+    def warm(**kw):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = build_scheduler(
+            opt, build_config({"lr_scheduler_type": "constant_with_warmup", **kw}), 100
+        )
+        lrs = []
+        for _ in range(30):
+            lrs.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return next(i for i, lr in enumerate(lrs) if lr == 1.0)
+
+    assert warm(warmup_steps=7) == 7
+    assert warm(warmup_steps=0.05) == 5
+    assert warm(warmup_ratio=0.05) == 5
+    assert warm(warmup_steps=12, warmup_ratio=0.05) == 12  # warmup_steps wins, as transformers
 
 
 def test_fp16_true_is_refused_not_trained_in_float32():

@@ -144,6 +144,9 @@ def test_entropy_bonus_is_subtracted_from_the_logged_loss(tmp_path, tiny_model_d
     expected = plain[0]["loss"] - 0.5 * plain[0]["entropy"]
     assert bonus[0]["loss"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
     assert bonus[0]["entropy_coef"] == 0.5
+    # TRL's policy_loss: the policy term before the bonus
+    assert bonus[0]["policy_loss"] == pytest.approx(plain[0]["loss"], rel=1e-5, abs=1e-6)
+    assert "policy_loss" not in plain[0]
 
 
 def test_entropy_bonus_through_the_fused_head_trains_as_the_model_head(tmp_path, tiny_model_dir):

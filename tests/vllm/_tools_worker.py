@@ -23,7 +23,7 @@ def main(model_dir: str, out: str) -> None:
     cfg = tiny_run_config(
         model_dir, out, use_vllm=True, tools=["calculator"], chat_template="chatml_tools",
         max_prompt_length=None, max_completion_length=24, max_steps=2, write_report=False,
-        learning_rate=1e-2, vllm_importance_sampling_cap=3.0,
+        learning_rate=1e-2, vllm_importance_sampling_clip_max=3.0,
     )  # fmt: skip
     tr = GRPOTrainer(cfg)
     tok = tr.tokenizer

@@ -53,7 +53,7 @@ def _recipe(tmp_path, name, model_dir, **over) -> tuple[Path, Path]:
         write_report=False,
         seed=3,
         use_vllm=True,
-        vllm_importance_sampling_cap=3.0,
+        vllm_importance_sampling_clip_max=3.0,
     )
     values.update(over)
     recipe = tmp_path / f"{name}.yaml"
@@ -88,9 +88,9 @@ def _assert_same_run(one: Path, two: Path) -> None:
         # the same completions (layout-independent seeds): identical lengths and rewards
         for k in ("reward", "reward_std", "completions/mean_length", "tokens_generated"):
             assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-7), k
-        for k in ("loss", "grad_norm", "entropy", "sampling/logp_abs_diff_mean"):
+        for k in ("loss", "grad_norm", "entropy", "sampling/sampling_logp_difference/mean"):
             assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), k
-        assert rb["sampling/logp_abs_diff_mean"] < 1e-3  # fp32 vLLM vs fp32 trainer
+        assert rb["sampling/sampling_logp_difference/mean"] < 1e-3  # fp32 vLLM vs fp32 trainer
     wa = load_file(str(one / "final" / "model.safetensors"))
     wb = load_file(str(two / "final" / "model.safetensors"))
     assert set(wa) == set(wb)
@@ -155,7 +155,7 @@ def test_lora_reaches_the_server(server, vllm_tiny_dir, tmp_path):
     # and the pushes during the run carried the adapter: vLLM's log-probs matched the
     # trainer's LoRA policy at every step (a stale base model would not)
     for r in _rows(out):
-        assert r["sampling/logp_abs_diff_mean"] < 1e-3, r
+        assert r["sampling/sampling_logp_difference/mean"] < 1e-3, r
 
 
 # ---------------------------------------------------------------------- faults

@@ -214,7 +214,7 @@ def test_grpo_steps_with_the_server(server, vllm_tiny_dir, tmp_path):
     rows = [r for r in rows if "loss" in r]
     assert len(rows) == 3
     for r in rows:
-        assert r["sampling/logp_abs_diff_mean"] < 1e-3  # fp32 on both sides
+        assert r["sampling/sampling_logp_difference/mean"] < 1e-3  # fp32 on both sides
         assert r["sampling/is_capped_frac"] == 0.0
         assert r["time/weight_sync"] > 0
     ids, mask = _prompts(tr.tokenizer)

@@ -39,4 +39,4 @@ def test_multi_turn_colocate(vllm_tiny_dir, tmp_path):
     assert len(rows) == 2
     for x in rows:
         assert "tools/call_frequency" in x and x["loss"] == x["loss"]
-        assert x["sampling/logp_abs_diff_mean"] < 1e-3, x  # fp32 vLLM vs fp32 trainer
+        assert x["sampling/sampling_logp_difference/mean"] < 1e-3, x  # fp32 vLLM vs fp32 trainer

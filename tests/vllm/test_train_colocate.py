@@ -26,7 +26,7 @@ def test_grpo_steps_colocate(vllm_tiny_dir, tmp_path, use_peft):
         lora_r=4,
         lora_dropout=0.0,  # dropout in the trainer's forward would show up as mismatch
         write_report=False,
-        vllm_importance_sampling_cap=3.0,
+        vllm_importance_sampling_clip_max=3.0,
     )
     recipe = tmp_path / "recipe.yaml"
     save_config(cfg, recipe)
@@ -43,7 +43,7 @@ def test_grpo_steps_colocate(vllm_tiny_dir, tmp_path, use_peft):
     rows = [x for x in rows if "loss" in x]
     assert len(rows) == 3
     for x in rows:
-        assert x["sampling/logp_abs_diff_mean"] < 1e-3, x  # fp32 vLLM vs fp32 trainer
-        assert 0.99 < x["sampling/is_ratio_mean"] < 1.01
+        assert x["sampling/sampling_logp_difference/mean"] < 1e-3, x  # fp32 vLLM vs fp32 trainer
+        assert 0.99 < x["sampling/importance_sampling_ratio/mean"] < 1.01
         assert x["time/weight_sync"] > 0
     assert (tmp_path / "run" / "final").exists() or any((tmp_path / "run").iterdir())
