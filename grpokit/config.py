@@ -1128,8 +1128,9 @@ def _mapped_trl_keys(values: dict[str, Any], out: dict) -> None:
     fields = out[None]
 
     def put(src: str, key: str, value: Any) -> None:
-        if key in values or key in fields:
-            raise ConfigError(f"{key} is set twice (by {src} too): keep one")
+        given = values.get(key, fields.get(key, value))
+        if given != value:
+            raise ConfigError(f"{key} is set twice, differently (by {src} too): keep one")
         fields[key] = value
 
     if "use_cpu" in values:

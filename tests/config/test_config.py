@@ -238,9 +238,16 @@ def test_trl_keys_map_onto_grpokit_keys():
         1024,
     )
     assert c.warmup_steps == 0.1
+    assert (
+        build_config(
+            {"use_cpu": True, "device": "cpu", "generation_kwargs": {"top_k": 5}, "top_k": 5}
+        ).top_k
+        == 5
+    )
     for bad, match in [
         ({"generation_kwargs": {"max_new_tokens": 5}}, "it takes temperature"),
         ({"generation_kwargs": {"top_k": 5}, "top_k": 3}, "top_k is set twice"),
+        ({"use_cpu": True, "device": "cuda"}, "device is set twice"),
         ({"vllm_server_base_url": "10.0.0.2"}, "http://HOST:PORT"),
         ({"steps_per_generation": 4, "gradient_accumulation_steps": 2}, "generates once per"),
         ({"generation_batch_size": 64}, "generates one optimizer step"),
