@@ -101,6 +101,9 @@ def evaluate(
                     }
                 )
     out = _summary(correct, formatted, lengths, truncated, per_func, examples, num_samples)
+    out["decoding"] = (
+        "greedy" if greedy else f"{num_samples} sampled at temperature {temperature:g}"
+    )
     if agent is not None:
         out["tool_call_rate"] = sum(n > 0 for n in calls) / max(len(calls), 1)
         out["tool_calls"] = sum(calls) / max(len(calls), 1)
@@ -165,8 +168,12 @@ def save_eval(result: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(result, indent=1))
 
 
-def format_comparison(results: dict[str, dict[str, Any]]) -> str:
-    """Side-by-side table of evaluation results (e.g. {"before": ..., "after": ...})."""
+def format_comparison(results: dict[str, dict[str, Any]], title: str | None = None) -> str:
+    """Side-by-side table of evaluation results (e.g. {"before": ..., "after": ...}), under
+    ``title`` and how the completions were decoded, when given."""
+    if title is not None:
+        how = next(iter(results.values())).get("decoding", "greedy")
+        return f"{title} ({how}):\n" + format_comparison(results)
     names = list(results)
     keys = ["accuracy", "format_rate", "mean_length", "truncated_ratio", "tool_call_rate"]
     for r in results.values():

@@ -302,7 +302,7 @@ class GRPOTrainer:
         if self.eval_rows:
             results["after"] = self._evaluate("after")
             if "before" in results:
-                self.logger.print("\nheld-out evaluation (greedy):\n" + format_comparison(results))
+                self.logger.print("\n" + format_comparison(results, "held-out evaluation"))
                 if dist.is_main():
                     save_eval(results, self.out / "eval_summary.json")
         self.status.set("finished", self.step)
