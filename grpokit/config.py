@@ -349,7 +349,11 @@ class GRPOConfig:
     entropy_target: float = 0.2
     cast_lm_head_to_fp32: bool = False  # the output layer's weights and product in float32
     dynamic_sampling: bool = False  # DAPO: drop equal-reward groups, sample until full
-    max_num_gen_batches: int = 0  # dynamic sampling's generation batches per step (0: no limit)
+    max_num_gen_batches: int = 0  # dynamic sampling's generation calls per step (0: no limit)
+    # prompts a dynamic-sampling generation call draws over all processes (verl's
+    # data.gen_batch_size); 0: as many as the informative rate of the last steps says will
+    # fill the step (grpokit.dynamic.CallSizes)
+    gen_batch_size: int = 0
     # TRL's generation batch: grpokit generates once per optimizer step (TRL's default), so
     # these may only name that: steps_per_generation = gradient_accumulation_steps,
     # generation_batch_size = the step's completions over all processes
@@ -534,6 +538,12 @@ def _check_frontier(c: GRPOConfig) -> None:
         "entropy_coef_min must be <= entropy_coef_max and entropy_coef_delta >= 0",
     )
     _check(c.max_num_gen_batches >= 0, "max_num_gen_batches must be >= 0 (0: no limit)")
+    _check(
+        c.gen_batch_size >= 0 and (c.dynamic_sampling or not c.gen_batch_size),
+        f"gen_batch_size={c.gen_batch_size} (prompts a dynamic-sampling generation call "
+        "draws) must be >= 0 and needs dynamic_sampling: true; set 0 (auto) or turn "
+        "dynamic_sampling on",
+    )
     _check_generation_batch(c)
     _check(
         c.num_generations_eval is None or c.num_generations_eval >= 1,
@@ -857,6 +867,11 @@ def check_processes(c: GRPOConfig, world_size: int) -> None:
         f"({c.gradient_accumulation_steps}) x processes ({W}) = {n}, which is not "
         f"divisible by num_generations ({G}); choose values so that it is, e.g. "
         f"per_device_train_batch_size={G} or num_generations dividing {n}",
+    )
+    _check(
+        c.gen_batch_size % W == 0,
+        f"gen_batch_size ({c.gen_batch_size}) prompts per generation call are shared by "
+        f"{W} processes; make it a multiple of {W} (or 0: auto)",
     )
     per_process = c.per_device_train_batch_size * c.gradient_accumulation_steps
     _check(

@@ -14,12 +14,20 @@ not fill it, the round is filled with dropped groups (zero advantage, no gradien
 and ``dynamic_sampling/filled_groups`` counts them: the step still runs at its full size
 instead of stopping the run (verl raises an error there).
 
+How many prompts a generation call draws (``CallSizes``): ``gen_batch_size`` over all
+processes (verl's ``data.gen_batch_size``), or by default (0) as many as the informative
+rate of the last steps says will fill the step, so most steps need one call instead of two:
+one call's fixed costs (the prefill, the decode tail where a few long completions run alone)
+are paid once. Groups are kept in the order their prompts were drawn, so the step trains on
+the first informative groups of the prompt order, as with one batch at a time.
+
 Exact resume holds as for any round: the loop draws from the same prompt order and RNG,
-and checkpoints are written between rounds only.
+and checkpoints are written between rounds only (the rate's history is in the checkpoint).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -110,6 +118,60 @@ def _join(parts: list[Groups], pad_id: int) -> Groups:
     )
 
 
+# gen_batch_size 0: the informative rate is that of the groups sampled in the last
+# RATE_WINDOW steps; a call draws at most AUTO_MAX_CALL times the step's prompts (its KV
+# cache is then at most that many times a plain step's).
+RATE_WINDOW = 4
+AUTO_MAX_CALL = 2
+
+
+class CallSizes:
+    """How many prompts each process draws for each generation call of dynamic sampling.
+
+    ``per_call`` > 0 (``gen_batch_size`` / processes): that many, every call. 0 (auto):
+    ceil(missing / rate), ``missing`` the informative groups the step still lacks (the most
+    any process lacks) and ``rate`` the informative share of all groups sampled in the last
+    ``RATE_WINDOW`` steps (1 before any step), at most ``AUTO_MAX_CALL`` x the step's
+    prompts. On the default recipe's CPU a call of 8 prompts costs 1.6x one of 4 and ~2
+    calls of 4 were needed a step (``docs/speed.md``). Budget a step: ``max_num_gen_batches``
+    calls (0: no limit) and, auto, that many times the step's prompts."""
+
+    def __init__(self, groups_per_rank: int, per_call: int = 0, max_calls: int = 0):
+        self.groups, self.per_call, self.max_calls = groups_per_rank, per_call, max_calls
+        self.history: list[tuple[float, float]] = []  # (informative, sampled) groups a step
+
+    def rate(self) -> float:
+        informative = sum(h[0] for h in self.history)
+        sampled = sum(h[1] for h in self.history)
+        return informative / sampled if sampled else 1.0
+
+    def size(self, missing: int, drawn: int) -> int:
+        """Prompts of the next call, given the groups still ``missing`` and the prompts
+        ``drawn`` this step."""
+        if self.per_call:
+            return self.per_call
+        k = math.ceil(missing / max(self.rate(), 1e-3) - 1e-9)
+        if self.max_calls:  # the prompts left of the budget
+            k = min(k, self.max_calls * self.groups - drawn)
+        return max(1, min(k, AUTO_MAX_CALL * self.groups))
+
+    def spent(self, calls: int, drawn: int) -> bool:
+        if not self.max_calls:
+            return False
+        return calls >= self.max_calls or (
+            not self.per_call and drawn >= self.max_calls * self.groups
+        )
+
+    def record(self, informative: float, sampled: float) -> None:
+        self.history = [*self.history, (informative, sampled)][-RATE_WINDOW:]
+
+    def state_dict(self) -> dict:
+        return {"history": [list(h) for h in self.history]}
+
+    def load_state_dict(self, s: dict | None) -> None:
+        self.history = [tuple(h) for h in (s or {}).get("history", [])]
+
+
 def one_batch(
     generate: Callable[[], Groups], weights: torch.Tensor, group_size: int
 ) -> tuple[Groups, dict[str, float]]:
@@ -119,47 +181,51 @@ def one_batch(
 
 
 def fill_batch(
-    generate: Callable[[], Groups],
+    generate: Callable[[int], Groups],
     weights: torch.Tensor,
     group_size: int,
-    groups_per_rank: int,
-    max_num_gen_batches: int,
+    sizes: CallSizes,
     pad_id: int,
 ) -> tuple[Groups, dict[str, float]]:
-    """Generation batches from ``generate`` until every process holds ``groups_per_rank``
-    informative groups (their combined rewards not all equal); the batch of the first
-    ``groups_per_rank`` of them, and the metrics ``dynamic_sampling/num_gen_batches``,
-    ``dynamic_sampling/dropped_frac`` (dropped groups / generated groups, all processes)
-    and ``dynamic_sampling/filled_groups``."""
+    """Generation calls ``generate(k)`` (k prompts of this process, ``sizes``) until every
+    process holds ``sizes.groups`` informative groups (their combined rewards not all
+    equal) or the budget is spent; the batch of the first ``sizes.groups`` of them, and the
+    metrics ``dynamic_sampling/num_gen_batches`` (calls), ``dynamic_sampling/sampled_prompts``
+    (all processes), ``dynamic_sampling/dropped_frac`` (dropped / generated groups) and
+    ``dynamic_sampling/filled_groups``."""
+    want = sizes.groups
     kept: list[Groups] = []
     dropped: list[Groups] = []
-    n_kept = n_batches = 0
+    n_kept = n_batches = drawn = 0
+    missing = want
     gen = score = 0.0
     sampled: list[Groups] = []
     while True:
-        g = generate()
+        k = sizes.size(missing, drawn)
+        g = generate(k)
         sampled.append(g)
-        n_batches += 1
+        n_batches, drawn = n_batches + 1, drawn + k
         gen, score = gen + g.seconds[0], score + g.seconds[1]
         good = informative_groups(weighted_sum(g.rewards, weights), group_size)
         kept.append(_take(g, torch.nonzero(good).squeeze(1), group_size))
         dropped.append(_take(g, torch.nonzero(~good).squeeze(1), group_size))
         n_kept += int(good.sum())
-        short = dist.all_reduce_sum(torch.tensor(float(n_kept < groups_per_rank))).item()
-        if short == 0 or (max_num_gen_batches and n_batches >= max_num_gen_batches):
+        missing = int(dist.all_reduce_max(torch.tensor(float(max(want - n_kept, 0)))).item())
+        if missing == 0 or sizes.spent(n_batches, drawn):
             break
     pool = _join(kept + dropped, pad_id)
-    n_fill = max(groups_per_rank - n_kept, 0)
-    out = _take(pool, torch.arange(groups_per_rank), group_size)
+    n_fill = max(want - n_kept, 0)
+    out = _take(pool, torch.arange(want), group_size)
     out.seconds = (gen, score)
-    counts = dist.all_reduce_sum(
-        torch.tensor([float(n_kept), float(n_batches * len(g.rows)), float(n_fill)])
-    ).tolist()
-    generated = max(counts[1], 1.0)
+    counts = dist.all_reduce_sum(torch.tensor([float(n_kept), float(drawn), float(n_fill)]))
+    informative, generated, filled = counts.tolist()
+    sizes.record(informative, generated)
+    generated = max(generated, 1.0)
     metrics = {
         "dynamic_sampling/num_gen_batches": float(n_batches),
-        "dynamic_sampling/dropped_frac": (generated - counts[0]) / generated,
-        "dynamic_sampling/filled_groups": counts[2],
+        "dynamic_sampling/sampled_prompts": float(counts[1]),
+        "dynamic_sampling/dropped_frac": (generated - informative) / generated,
+        "dynamic_sampling/filled_groups": filled,
         **sampled_metrics(sampled, weights, group_size),
     }
     return out, metrics

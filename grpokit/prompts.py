@@ -38,13 +38,21 @@ class PromptSampler:
     def batches_per_epoch(self) -> int:
         return self.n // self.bs
 
-    def next(self) -> list[int]:
-        if self.pos + self.bs > self.n:  # drop the last partial batch, like a DataLoader
+    def next(self, count: int | None = None) -> list[int]:
+        """The next ``count`` row indices (default: a step's batch); a new epoch starts when
+        fewer are left (the rest dropped, like a DataLoader's last partial batch)."""
+        count = count or self.bs
+        if count > self.n:
+            raise ValueError(
+                f"one generation call needs {count} prompts but the training set has "
+                f"{self.n}; use more data or a smaller gen_batch_size"
+            )
+        if self.pos + count > self.n:
             self.epoch += 1
             self.pos = 0
             self._perm = self._permutation(self.epoch)
-        out = self._perm[self.pos : self.pos + self.bs]
-        self.pos += self.bs
+        out = self._perm[self.pos : self.pos + count]
+        self.pos += count
         return out
 
     def state_dict(self) -> dict[str, int]:

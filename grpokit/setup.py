@@ -20,6 +20,7 @@ from grpokit import distributed as dist
 from grpokit.algo import AdaptiveEntropy
 from grpokit.batch import MicroBatchPlan
 from grpokit.config import ConfigError, GRPOConfig, check_processes
+from grpokit.dynamic import CallSizes
 from grpokit.evaluation import held_out_rows
 from grpokit.forward import LogProbs, cast_lm_head_to_fp32, is_checkpointing
 from grpokit.launch import Launch, check_launch
@@ -197,6 +198,7 @@ class Data:
     eval_rows: Sequence
     sampler: PromptSampler
     prompts_per_rank: int
+    call_sizes: CallSizes  # dynamic sampling: prompts a generation call draws
     total_steps: int
     save_every: int  # optimizer steps between checkpoints (0: none before the end)
 
@@ -211,8 +213,10 @@ def build_data(cfg: GRPOConfig, task) -> Data:
         total = cfg.max_steps
     else:
         total = math.ceil(cfg.num_train_epochs * sampler.batches_per_epoch) * cfg.num_iterations
+    per_rank = cfg.prompts_per_step // W
+    sizes = CallSizes(per_rank, cfg.gen_batch_size // W, cfg.max_num_gen_batches)
     return Data(
-        task, train_rows, eval_rows, sampler, cfg.prompts_per_step // W, total,
+        task, train_rows, eval_rows, sampler, per_rank, sizes, total,
         save_every=save_every(cfg, sampler.batches_per_epoch),
     )  # fmt: skip
 

@@ -182,13 +182,11 @@ class GRPOTrainer:
         advantages and reference log-probs: the round's batch, metrics, completions table."""
         c, G = self.cfg, self.cfg.num_generations
         with keep_decoders():  # weights packed for decoding once for all the batches
+            w, pad = self.rewards.weights, self.tokenizer.pad_token_id or 0
             if c.dynamic_sampling:
-                g, extra = fill_batch(
-                    self._generate_groups, self.rewards.weights, G, self.data.prompts_per_rank,
-                    c.max_num_gen_batches, self.tokenizer.pad_token_id or 0,
-                )  # fmt: skip
+                g, extra = fill_batch(self._generate_groups, w, G, self.data.call_sizes, pad)
             else:
-                g, extra = one_batch(self._generate_groups, self.rewards.weights, G)
+                g, extra = one_batch(self._generate_groups, w, G)
         rows, ro, rewards = g.rows, g.rollout, g.rewards
         loss_mask = make_loss_mask(ro, c.mask_truncated_completions)
         t1 = time.time()  # lengths: the loss tokens (verl's response_mask) of each row
@@ -219,11 +217,11 @@ class GRPOTrainer:
             )
         return batch, m, table
 
-    def _generate_groups(self) -> Groups:
-        """The next generation batch of this process: prompts, completions, (N, F) rewards."""
-        c, G = self.cfg, self.cfg.num_generations
-        idx = self.data.sampler.next()
-        n, r = self.data.prompts_per_rank, dist.rank()
+    def _generate_groups(self, n: int | None = None) -> Groups:
+        """This process's next ``n`` prompts (default: a step's), completions, (N, F) rewards."""
+        c, G, r = self.cfg, self.cfg.num_generations, dist.rank()
+        n = n or self.data.prompts_per_rank
+        idx = self.data.sampler.next(n * dist.world_size())
         rows = [self.train_rows[i] for i in idx[r * n : (r + 1) * n]]
         t0 = time.time()
         if self.agent is not None:  # tools / environments: multi-turn (grpokit/rollout/agent.py)
@@ -344,6 +342,7 @@ class GRPOTrainer:
                     trainer_state={
                         "global_step": self.step,
                         "sampler": self.data.sampler.state_dict(),
+                        "call_sizes": self.data.call_sizes.state_dict(),
                         "counters": self.counters,
                         "total_steps": self.total_steps,
                         "entropy_control": self.opt.gradients.state_dict(),
@@ -372,6 +371,7 @@ class GRPOTrainer:
         self.reference.load(files["ref_model"])
         st = files["state"]
         self.data.sampler.load_state_dict(st["sampler"])
+        self.data.call_sizes.load_state_dict(st.get("call_sizes"))
         self.step = self.resumed_from = st["global_step"]
         self.counters = dict(st.get("counters", {}))
         self.opt.gradients.load_state_dict(st.get("entropy_control"))

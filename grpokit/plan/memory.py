@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpokit.config import OPTIMS_8BIT, GRPOConfig
+from grpokit.dynamic import AUTO_MAX_CALL
 from grpokit.plan.params import lora_param_count, param_counts
 from grpokit.plan.shape import ModelShape
 
@@ -96,9 +97,14 @@ def generation_memory(
 ) -> tuple[int, int, int]:
     """(KV cache, sampling temporaries, sequences) of the largest generation call: the
     training rollout (micro-batch x accumulation sequences of P + C tokens) or, if larger,
-    the eval batch. KV = 2 * L * kv heads * head_dim * tokens * sequences * s; temporaries:
-    three fp32 (sequences, V) rows and the prompt's prefill activations."""
+    the eval batch; with dynamic sampling the largest call (``gen_batch_size`` prompts, or
+    auto up to ``AUTO_MAX_CALL`` x the step's). KV = 2 * L * kv heads * head_dim * tokens *
+    sequences * s; temporaries: three fp32 (sequences, V) rows and the prompt's prefill
+    activations."""
     gen_batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    if cfg.dynamic_sampling:
+        per_call = cfg.gen_batch_size // cfg.world_size * cfg.num_generations
+        gen_batch = per_call or AUTO_MAX_CALL * gen_batch
     gen_len = P + C
     if cfg.do_eval is not False and cfg.max_eval_samples > 0:
         eval_len = P + (cfg.eval_max_completion_length or C)

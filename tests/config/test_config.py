@@ -73,6 +73,8 @@ def test_ignored_trl_key_warns():
         ({"reward_funcs": ["a", "b"], "reward_weights": [1.0]}, "one weight per function"),
         ({"sync_ref_model": True, "use_peft": True}, "sync_ref_model"),
         ({"report_to": "neptune"}, "report_to"),
+        ({"gen_batch_size": 8}, "gen_batch_size=8 .*needs dynamic_sampling: true"),
+        ({"gen_batch_size": -1, "dynamic_sampling": True}, "gen_batch_size=-1 .*>= 0"),
     ],
 )
 def test_bad_values(values, match):
@@ -93,6 +95,15 @@ def test_batch_arithmetic_spelled_out():
     assert (
         "6" in msg and "x gradient_accumulation_steps (2)" in msg and "= 12" in msg and "(8)" in msg
     )
+
+
+def test_gen_batch_size_is_shared_by_the_processes():
+    from grpokit.config import check_processes
+
+    c = build_config({"dynamic_sampling": True, "gen_batch_size": 6})
+    check_processes(c, 2)
+    with pytest.raises(ConfigError, match=r"gen_batch_size \(6\) .* shared by 4 processes"):
+        check_processes(c, 4)
 
 
 def test_batch_arithmetic_ok():

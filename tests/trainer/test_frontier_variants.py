@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpokit.config import build_config
-from grpokit.dynamic import Groups, fill_batch, one_batch, sampled_metrics
+from grpokit.dynamic import CallSizes, Groups, fill_batch, one_batch, sampled_metrics
 from grpokit.rollout.base import Rollout
 
 BASE = dict(
@@ -213,7 +213,7 @@ def test_fill_batch_keeps_informative_groups_in_order():
             _groups([[1.0, 0.0], [1.0, 0.0]], start=4),  # never reached
         ]
     )
-    out, m = fill_batch(lambda: next(batches), torch.ones(1), 2, 2, 0, pad_id=0)
+    out, m = fill_batch(lambda k: next(batches), torch.ones(1), 2, CallSizes(2, 2), pad_id=0)
     assert out.rows == ["p1", "p3"]
     assert out.rollout.texts == ["t1.0", "t1.1", "t3.0", "t3.1"]
     assert out.rewards.squeeze(1).tolist() == [0.0, 1.0, 0.5, 0.0]
@@ -225,9 +225,58 @@ def test_fill_batch_keeps_informative_groups_in_order():
     assert out.seconds == (2.0, 1.0)
 
 
+def test_call_sizes_follow_the_informative_rate_within_the_budget():
+    s = CallSizes(4)  # auto, no limit
+    assert s.size(4, 0) == 4  # no history: a step's prompts, as one batch at a time
+    s.record(4, 8)  # half the sampled groups were informative
+    assert s.rate() == 0.5 and s.size(4, 0) == 8 and s.size(3, 8) == 6 and s.size(1, 8) == 2
+    s.record(0, 8)
+    assert s.rate() == 0.25 and s.size(4, 0) == 8  # 16 wanted: at most 2 x the step's
+    s.record(0, 0)
+    for _ in range(4):
+        s.record(3, 4)
+    assert s.rate() == 0.75 and len(s.history) == 4  # the last 4 steps only
+    assert s.size(4, 0) == 6 and not s.spent(100, 1000)
+    t = CallSizes(4, max_calls=3)  # budget: 3 calls, 12 prompts
+    t.load_state_dict(s.state_dict())
+    assert t.history == s.history
+    assert t.size(4, 8) == 4 and t.spent(2, 12) and t.spent(3, 4) and not t.spent(2, 11)
+    fixed = CallSizes(4, per_call=6, max_calls=2)  # verl's gen_batch_size: calls only
+    assert fixed.size(1, 100) == 6 and not fixed.spent(1, 100) and fixed.spent(2, 0)
+    t.load_state_dict(None)
+    assert t.history == [] and t.size(4, 0) == 4
+
+
+def test_fill_batch_draws_what_the_rate_says_and_keeps_the_prompt_order():
+    """Each call gets the size the rate asks for; the step keeps the first informative
+    groups in the order their prompts were drawn, the surplus is dropped."""
+    pattern = iter([True, False, False, True, False, True, True, False, True, True, True])
+    asked, drawn = [], [0]
+
+    def generate(k):
+        asked.append(k)
+        groups = [[0.0, 1.0] if next(pattern) else [1.0, 1.0] for _ in range(k)]
+        g = _groups(groups, start=drawn[0])  # prompts p0, p1, ... in draw order
+        drawn[0] += k
+        return g
+
+    sizes = CallSizes(2)
+    sizes.record(1, 4)  # rate 0.25: 8 prompts for the 2 groups missing, at most 4
+    out, m = fill_batch(generate, torch.ones(1), 2, sizes, 0)
+    assert asked == [4]  # p0..p3: informative p0, p3
+    assert out.rows == ["p0", "p3"]
+    assert m["dynamic_sampling/num_gen_batches"] == 1
+    assert m["dynamic_sampling/sampled_prompts"] == 4 and m["dynamic_sampling/dropped_frac"] == 0.5
+    assert sizes.history[-1] == (2, 4)  # rate now 3 / 8
+    out, m = fill_batch(generate, torch.ones(1), 2, sizes, 0)
+    # pattern left: F T T F T T T -> call 1 (ceil(2 / 0.375) = 6 -> at most 4): F T T F
+    assert asked == [4, 4] and out.rows == ["p5", "p6"]
+    assert m["dynamic_sampling/num_gen_batches"] == 1 and m["dynamic_sampling/filled_groups"] == 0
+
+
 def test_fill_batch_limit_fills_with_dropped_groups():
     batches = iter([_groups([[1.0, 1.0], [0.0, 0.0]]), _groups([[0.0, 1.0], [2.0, 2.0]], start=2)])
-    out, m = fill_batch(lambda: next(batches), torch.ones(1), 2, 2, 2, pad_id=0)
+    out, m = fill_batch(lambda k: next(batches), torch.ones(1), 2, CallSizes(2, 2, 2), 0)
     assert out.rows == ["p2", "p0"]  # the informative one first, then the first dropped
     assert m["dynamic_sampling/filled_groups"] == 1
     assert m["dynamic_sampling/dropped_frac"] == 0.75
@@ -240,7 +289,7 @@ def test_sampled_metrics_count_every_generated_group_dropped_ones_too():
     b = _groups([[0.0, 0.0], [0.5, 0.0]], start=2)  # stuck: equal, wrong (dropped); failed
     b.correct = torch.tensor([False, False, False, False])
     batches = iter([a, b])
-    out, m = fill_batch(lambda: next(batches), torch.ones(1), 2, 2, 0, pad_id=0)
+    out, m = fill_batch(lambda k: next(batches), torch.ones(1), 2, CallSizes(2, 2), pad_id=0)
     assert out.rows == ["p1", "p3"] and out.correct.tolist() == [False, True, False, False]
     assert m["sampled/accuracy"] == 3 / 8  # the trained batch's would be 1 / 4
     assert m["sampled/solved_groups"] == 1 / 4
