@@ -7,7 +7,9 @@ call of 2k prompts costs less than two calls of k. Not a test.
     python bench/generation_calls.py                     # the default recipe, 4 / 8 / 12 prompts
     python bench/generation_calls.py --sizes 4,8 --reps 8 --recipe recipes/mini_countdown.yaml
 
-The sizes take turns, each repetition on the next prompts of the training set, with the
+Each repetition takes the next block of training prompts and, for each size k, times one
+call of k prompts against k / (the first size) calls of the first size on the same prompts:
+the same work but for the fixed costs, so their ratio is what sizing the call saves. With the
 recipe's sampling settings and the untrained weights. Run it as ``./run`` runs training
 (``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=17179869184 GLIBC_TUNABLES=glibc.malloc.hugetlb=1``)
 with nothing else on the cores.
@@ -35,30 +37,36 @@ def main() -> None:
                                  "0", "--output_dir", tempfile.mkdtemp(), "--log_completions",
                                  "false"])  # fmt: skip
     tr = GRPOTrainer(cfg)
-    G, pool = cfg.num_generations, max(sizes) * (a.reps + 1)
+    G, pool = cfg.num_generations, max(sizes) * (a.reps + 2)
     rows = [tr.train_rows[i] for i in range(pool)]
     texts = render_prompts(tr.tokenizer, [r["prompt"] for r in rows])
     ids, mask = tokenize_prompts(
         tr.tokenizer, texts, cfg.max_prompt_length, cfg.prompt_truncation, tr.counters
     )
-    seconds = {k: [] for k in sizes}
-    tokens = {k: [] for k in sizes}
+    small = sizes[0]
+    one = {k: [] for k in sizes}  # one call of k prompts
+    split = {k: [] for k in sizes}  # k / small calls of small prompts, the same prompts
+
+    def call(at: int, k: int) -> float:
+        t = time.perf_counter()
+        tr.engine.generate(ids[at : at + k], mask[at : at + k], tr.sampling, G)
+        return time.perf_counter() - t
+
     with keep_decoders():
-        tr.engine.generate(ids[:4], mask[:4], tr.sampling, num_generations=G)  # warm-up
+        call(0, small)  # warm-up
         for rep in range(a.reps):
+            at = max(sizes) * (rep + 1)
             for k in sizes:
-                at = max(sizes) * (rep + 1)
-                t = time.perf_counter()
-                ro = tr.engine.generate(ids[at : at + k], mask[at : at + k], tr.sampling, G)
-                seconds[k].append(time.perf_counter() - t)
-                tokens[k].append(int(ro.completion_mask.sum()))
-    base = statistics.median(seconds[sizes[0]])
-    print(f"{a.recipe}: {G} completions a prompt, {a.reps} calls of each size")
-    print("prompts | median s | min s | x the first size | s a prompt | tokens a call (mean)")
+                one[k].append(call(at, k))
+                split[k].append(sum(call(at + j, small) for j in range(0, k, small)))
+    print(f"{a.recipe}: {G} completions a prompt, {a.reps} repetitions")
+    print(
+        f"prompts | one call, median s | {small}-prompt calls, median s | one / split (median of pairs)"
+    )
     for k in sizes:
-        med = statistics.median(seconds[k])
-        print(f"{k:7d} | {med:8.2f} | {min(seconds[k]):5.2f} | {med / base:16.2f} | "
-              f"{med / k:10.2f} | {statistics.mean(tokens[k]):.0f}")  # fmt: skip
+        ratio = statistics.median(o / s for o, s in zip(one[k], split[k]))
+        print(f"{k:7d} | {statistics.median(one[k]):17.2f} | "
+              f"{statistics.median(split[k]):24.2f} | {ratio:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
