@@ -544,6 +544,12 @@ def _check_frontier(c: GRPOConfig) -> None:
         "draws) must be >= 0 and needs dynamic_sampling: true; set 0 (auto) or turn "
         "dynamic_sampling on",
     )
+    _check(
+        not c.gen_batch_size or c.gen_batch_size >= c.prompts_per_step,
+        f"gen_batch_size={c.gen_batch_size} prompts a generation call is fewer than the "
+        f"{c.prompts_per_step} prompts of a step; use at least {c.prompts_per_step} (verl: "
+        "gen_batch_size >= train_batch_size) or 0 (sized automatically)",
+    )
     _check_generation_batch(c)
     _check(
         c.num_generations_eval is None or c.num_generations_eval >= 1,

@@ -136,8 +136,9 @@ class CallSizes:
     calls of 4 were needed a step (``docs/speed.md``). Budget a step: ``max_num_gen_batches``
     calls (0: no limit) and, auto, that many times the step's prompts."""
 
-    def __init__(self, groups_per_rank: int, per_call: int = 0, max_calls: int = 0):
+    def __init__(self, groups_per_rank: int, per_call: int = 0, max_calls: int = 0, limit: int = 0):
         self.groups, self.per_call, self.max_calls = groups_per_rank, per_call, max_calls
+        self.limit = limit  # the training prompts of a process (0: no limit)
         self.history: list[tuple[float, float]] = []  # (informative, sampled) groups a step
 
     def rate(self) -> float:
@@ -153,10 +154,11 @@ class CallSizes:
         k = math.ceil(missing / max(self.rate(), 1e-3) - 1e-9)
         if self.max_calls:  # the prompts left of the budget
             k = min(k, self.max_calls * self.groups - drawn)
-        return max(1, min(k, AUTO_MAX_CALL * self.groups))
+        k = min(k, AUTO_MAX_CALL * self.groups, self.limit or k)
+        return max(1, k)
 
     def spent(self, calls: int, drawn: int) -> bool:
-        if not self.max_calls:
+        if not self.max_calls or drawn < self.groups:  # never fewer groups than the step's
             return False
         return calls >= self.max_calls or (
             not self.per_call and drawn >= self.max_calls * self.groups

@@ -214,7 +214,14 @@ def build_data(cfg: GRPOConfig, task) -> Data:
     else:
         total = math.ceil(cfg.num_train_epochs * sampler.batches_per_epoch) * cfg.num_iterations
     per_rank = cfg.prompts_per_step // W
-    sizes = CallSizes(per_rank, cfg.gen_batch_size // W, cfg.max_num_gen_batches)
+    if cfg.gen_batch_size > len(train_rows):
+        raise ConfigError(
+            f"gen_batch_size={cfg.gen_batch_size} prompts a generation call, but the training "
+            f"set has {len(train_rows)}; lower it (0: sized automatically)"
+        )
+    sizes = CallSizes(
+        per_rank, cfg.gen_batch_size // W, cfg.max_num_gen_batches, len(train_rows) // W
+    )
     return Data(
         task, train_rows, eval_rows, sampler, per_rank, sizes, total,
         save_every=save_every(cfg, sampler.batches_per_epoch),

@@ -75,6 +75,16 @@ def test_ignored_trl_key_warns():
         ({"report_to": "neptune"}, "report_to"),
         ({"gen_batch_size": 8}, "gen_batch_size=8 .*needs dynamic_sampling: true"),
         ({"gen_batch_size": -1, "dynamic_sampling": True}, "gen_batch_size=-1 .*>= 0"),
+        (
+            {
+                "gen_batch_size": 1,
+                "dynamic_sampling": True,
+                "per_device_train_batch_size": 8,
+                "gradient_accumulation_steps": 2,
+                "num_generations": 8,
+            },
+            "gen_batch_size=1 prompts a generation call is fewer than the 2 prompts of a step",
+        ),
     ],
 )
 def test_bad_values(values, match):

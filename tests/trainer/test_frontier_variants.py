@@ -242,9 +242,13 @@ def test_call_sizes_follow_the_informative_rate_within_the_budget():
     assert t.history == s.history
     assert t.size(4, 8) == 4 and t.spent(2, 12) and t.spent(3, 4) and not t.spent(2, 11)
     fixed = CallSizes(4, per_call=6, max_calls=2)  # verl's gen_batch_size: calls only
-    assert fixed.size(1, 100) == 6 and not fixed.spent(1, 100) and fixed.spent(2, 0)
+    assert fixed.size(1, 100) == 6 and not fixed.spent(1, 100) and fixed.spent(2, 12)
     t.load_state_dict(None)
     assert t.history == [] and t.size(4, 0) == 4
+    small = CallSizes(4, limit=6)  # a training set of 6 prompts: never more in one call
+    small.record(1, 8)
+    assert small.size(4, 0) == 6
+    assert not CallSizes(4, max_calls=1).spent(1, 3)  # the step's prompts at least
 
 
 def test_fill_batch_draws_what_the_rate_says_and_keeps_the_prompt_order():
@@ -272,6 +276,27 @@ def test_fill_batch_draws_what_the_rate_says_and_keeps_the_prompt_order():
     # pattern left: F T T F T T T -> call 1 (ceil(2 / 0.375) = 6 -> at most 4): F T T F
     assert asked == [4, 4] and out.rows == ["p5", "p6"]
     assert m["dynamic_sampling/num_gen_batches"] == 1 and m["dynamic_sampling/filled_groups"] == 0
+
+
+def test_dynamic_sampling_calls_never_ask_more_prompts_than_the_training_set(
+    tmp_path, tiny_model_dir
+):
+    """2 prompts a step from a training set of 3: automatic calls stay within the 3 (the
+    rate may ask for 4), and a gen_batch_size above 3 is refused in one line."""
+    from grpokit.config import ConfigError
+    from grpokit.trainer import GRPOTrainer
+
+    params = {"digits": 1, "train_size": 3, "test_size": 2}
+    # the untrained tiny model is rarely right: every group of step 1 equal, rate 0
+    _, rows = _run(tmp_path, tiny_model_dir, "few", task_params=params, dynamic_sampling=True,
+                   max_steps=3, max_num_gen_batches=3, reward_funcs=["arithmetic_correct"])  # fmt: skip
+    assert rows[0]["dynamic_sampling/dropped_frac"] == 1.0  # step 2 asks for 4 prompts
+    assert all(r["dynamic_sampling/sampled_prompts"] <= 6 for r in rows)  # 3 steps' worth
+    cfg = build_config({**BASE, "model_name_or_path": tiny_model_dir, "task_params": params,
+                        "dynamic_sampling": True, "gen_batch_size": 4,
+                        "output_dir": str(tmp_path / "big")})  # fmt: skip
+    with pytest.raises(ConfigError, match="gen_batch_size=4 .* training set has 3"):
+        GRPOTrainer(cfg)
 
 
 def test_fill_batch_limit_fills_with_dropped_groups():
