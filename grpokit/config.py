@@ -522,7 +522,9 @@ def _check_frontier(c: GRPOConfig) -> None:
     )
     _check(
         min(c.vespo_k_pos, c.vespo_k_neg) >= 0 and min(c.vespo_lambda_pos, c.vespo_lambda_neg) > 0,
-        "vespo_k_pos/neg must be >= 0 and vespo_lambda_pos/neg > 0 (TRL: k 2, 3 and lambda 3, 2)",
+        f"vespo_k_pos ({c.vespo_k_pos}) and vespo_k_neg ({c.vespo_k_neg}) must be >= 0, "
+        f"vespo_lambda_pos ({c.vespo_lambda_pos}) and vespo_lambda_neg ({c.vespo_lambda_neg}) "
+        "> 0 (TRL: 2, 3, 3, 2)",
     )
     _check(
         0 <= c.top_entropy_quantile <= 1,

@@ -73,6 +73,7 @@ def test_ignored_trl_key_warns():
         ({"reward_funcs": ["a", "b"], "reward_weights": [1.0]}, "one weight per function"),
         ({"sync_ref_model": True, "use_peft": True}, "sync_ref_model"),
         ({"report_to": "neptune"}, "report_to"),
+        ({"vespo_lambda_neg": 0}, r"vespo_lambda_neg \(0"),  # each key named (hypothesis)
         ({"gen_batch_size": 8}, "gen_batch_size=8 .*needs dynamic_sampling: true"),
         ({"gen_batch_size": -1, "dynamic_sampling": True}, "gen_batch_size=-1 .*>= 0"),
         (
