@@ -546,12 +546,14 @@ def _check_frontier(c: GRPOConfig) -> None:
         "draws) must be >= 0 and needs dynamic_sampling: true; set 0 (auto) or turn "
         "dynamic_sampling on",
     )
-    _check(
-        not c.gen_batch_size or c.gen_batch_size >= c.prompts_per_step,
-        f"gen_batch_size={c.gen_batch_size} prompts a generation call is fewer than the "
-        f"{c.prompts_per_step} prompts of a step; use at least {c.prompts_per_step} (verl: "
-        "gen_batch_size >= train_batch_size) or 0 (sized automatically)",
-    )
+    if c.gen_batch_size and c.num_generations >= 1:  # (num_generations is checked below)
+        n = c.prompts_per_step
+        _check(
+            c.gen_batch_size >= n,
+            f"gen_batch_size={c.gen_batch_size} prompts a generation call is fewer than the "
+            f"{n} prompts of a step; use at least {n} (verl: gen_batch_size >= "
+            "train_batch_size) or 0 (sized automatically)",
+        )
     _check_generation_batch(c)
     _check(
         c.num_generations_eval is None or c.num_generations_eval >= 1,
@@ -710,13 +712,14 @@ def _check_vllm(c: GRPOConfig) -> None:
     hi, lo = c.vllm_importance_sampling_clip_max, c.vllm_importance_sampling_clip_min
     _check(
         hi is not None or lo is not None,
-        "vllm_importance_sampling_clip_max and _clip_min are both null: set clip_max "
-        "(e.g. 2.0; TRL uses 3.0)",
+        "vllm_importance_sampling_clip_max and vllm_importance_sampling_clip_min are both "
+        "null: set clip_max (e.g. 2.0; TRL uses 3.0)",
     )
     _check(
         (hi is None or hi >= 1) and (lo is None or 0 <= lo <= 1),
-        f"vllm_importance_sampling_clip_min={lo}, _clip_max={hi}: the ratio 1 (engine and "
-        "trainer agree) must lie inside; use clip_max >= 1 (TRL: 3.0) and clip_min in [0, 1]",
+        f"vllm_importance_sampling_clip_min={lo}, vllm_importance_sampling_clip_max={hi}: "
+        "the ratio 1 (engine and trainer agree) must lie inside; use clip_max >= 1 (TRL: "
+        "3.0) and clip_min in [0, 1]",
     )
     _check(c.ddp_timeout > 0, f"ddp_timeout={c.ddp_timeout} must be > 0 (seconds)")
 

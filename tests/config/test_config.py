@@ -74,6 +74,8 @@ def test_ignored_trl_key_warns():
         ({"sync_ref_model": True, "use_peft": True}, "sync_ref_model"),
         ({"report_to": "neptune"}, "report_to"),
         ({"vespo_lambda_neg": 0}, r"vespo_lambda_neg \(0"),  # each key named (hypothesis)
+        ({"num_generations": 0}, "num_generations"),  # not a ZeroDivisionError
+        ({"vllm_importance_sampling_clip_max": 0}, "vllm_importance_sampling_clip_max=0"),
         ({"gen_batch_size": 8}, "gen_batch_size=8 .*needs dynamic_sampling: true"),
         ({"gen_batch_size": -1, "dynamic_sampling": True}, "gen_batch_size=-1 .*>= 0"),
         (
