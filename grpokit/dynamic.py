@@ -158,7 +158,7 @@ class CallSizes:
         return max(1, k)
 
     def spent(self, calls: int, drawn: int) -> bool:
-        if not self.max_calls or drawn < self.groups:  # never fewer groups than the step's
+        if not self.max_calls:
             return False
         return calls >= self.max_calls or (
             not self.per_call and drawn >= self.max_calls * self.groups
@@ -220,12 +220,12 @@ def fill_batch(
     out = _take(pool, torch.arange(want), group_size)
     out.seconds = (gen, score)
     counts = dist.all_reduce_sum(torch.tensor([float(n_kept), float(drawn), float(n_fill)]))
-    informative, generated, filled = counts.tolist()
-    sizes.record(informative, generated)
-    generated = max(generated, 1.0)
+    informative, sampled_prompts, filled = counts.tolist()  # one group a prompt
+    sizes.record(informative, sampled_prompts)
+    generated = max(sampled_prompts, 1.0)
     metrics = {
         "dynamic_sampling/num_gen_batches": float(n_batches),
-        "dynamic_sampling/sampled_prompts": float(counts[1]),
+        "dynamic_sampling/sampled_prompts": sampled_prompts,
         "dynamic_sampling/dropped_frac": (generated - informative) / generated,
         "dynamic_sampling/filled_groups": filled,
         **sampled_metrics(sampled, weights, group_size),
