@@ -103,8 +103,11 @@ class MicroBatchPlan:
     counts are part of the loss, or must match across processes).
 
     ``max_rows`` (default ``size``): the most rows one forward of those splits holds. More
-    than ``size`` merges micro-batches (``merge_micro_batches``): fewer, larger forwards
-    whose positions ``max_tokens`` bounds."""
+    than ``size`` merges micro-batches (``merge_micro_batches``): fewer, larger forwards,
+    none of more positions than ``max_tokens`` nor than one micro-batch of ``size`` rows
+    padded to the step's longest prompt and longest completion: what each of TRL's forwards
+    holds for the same rollout, and a bound no unmerged piece exceeds. So merging needs no
+    more activation memory than a micro-batch of the user's size padded as TRL pads it."""
 
     def __init__(
         self,
@@ -141,7 +144,10 @@ class MicroBatchPlan:
             torch.argsort(clen, descending=True, stable=True),
             _by_group(clen, group),
         ]
-        mb = min(max(mb, self.max_rows or mb), N)
-        best = min((split_rows(o, plen, clen, group, mb, self.share, self.max_tokens, common)
+        mb, bound = min(max(mb, self.max_rows or mb), N), self.max_tokens
+        if mb > self.size:  # merged: within one micro-batch at the step's longest lengths
+            padded = self.size * int(plen.max() + clen.max())
+            bound = min(bound, padded) if bound else padded
+        best = min((split_rows(o, plen, clen, group, mb, self.share, bound, common)
                     for o in candidates), key=lambda r: r[0])  # fmt: skip
         return best[1]

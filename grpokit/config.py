@@ -280,8 +280,9 @@ class GRPOConfig:
     # and completions): longer completions give more, smaller micro-batches (batch.py); 0: off
     max_micro_batch_tokens: int = 4096
     # a training or reference forward may hold rows of several micro-batches while together
-    # they take no more positions than one micro-batch of the longest prompt and completion
-    # (nor max_micro_batch_tokens): fewer, larger forwards, the same loss (batch.py)
+    # they take no more positions than one micro-batch padded to the step's longest prompt
+    # and completion, as TRL pads its micro-batch (nor max_micro_batch_tokens): fewer,
+    # larger forwards, the same loss (batch.py)
     merge_micro_batches: bool = True
     attention_backward: bool = (
         True  # CPU training forward: SDPA forward, grpokit's batched backward (attention.py)

@@ -425,27 +425,21 @@ def build_optimization(cfg, m: Models, engine, strategy, device, total_steps: in
 
 
 def forward_bounds(cfg: GRPOConfig) -> dict[str, int | None]:
-    """The token positions (``max_tokens``) and rows (``max_rows``) one training forward may
-    hold. Merged micro-batches (``merge_micro_batches``) take any number of the step's rows
-    within the positions of one full micro-batch at the longest prompt and completion (and
-    ``max_micro_batch_tokens``), so no forward holds more activations than the user's
-    ``per_device_train_batch_size`` could. Not merged where the partition is part of the
-    loss: bnpo's per-micro-batch mean, ``top_entropy_quantile`` < 1 (its quantile is over one
-    forward's tokens); sharded engines cut fixed micro-batches anyway (batch.py)."""
-    bound = cfg.max_micro_batch_tokens or None
-    B = cfg.per_device_train_batch_size
-    merge = (
-        cfg.merge_micro_batches
-        and cfg.loss_type != "bnpo"
-        and cfg.top_entropy_quantile >= 1.0
-        and cfg.max_prompt_length is not None
-    )
-    if not merge:
-        return {"max_tokens": bound, "max_rows": None}
-    full = B * (cfg.max_prompt_length + cfg.max_completion_length)
+    """The token positions (``max_tokens``: ``max_micro_batch_tokens``) and rows
+    (``max_rows``) one training or reference forward may hold. Merged micro-batches
+    (``merge_micro_batches``) take any number of the step's rows within ``max_tokens`` and
+    within the positions of one micro-batch padded to the step's longest prompt and
+    completion (``MicroBatchPlan``), so no forward holds more activations than the user's
+    ``per_device_train_batch_size`` padded as TRL pads it would on that step. Not merged
+    where the partition is part of the loss: bnpo's per-micro-batch mean,
+    ``top_entropy_quantile`` < 1 (its quantile is over one forward's tokens); sharded engines
+    cut fixed micro-batches anyway (batch.py)."""
+    merge = cfg.merge_micro_batches and cfg.loss_type != "bnpo" and cfg.top_entropy_quantile >= 1.0
     return {
-        "max_tokens": min(full, bound) if bound else full,
-        "max_rows": B * cfg.gradient_accumulation_steps,
+        "max_tokens": cfg.max_micro_batch_tokens or None,
+        "max_rows": cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+        if merge
+        else None,
     }
 
 

@@ -205,10 +205,11 @@ def test_micro_batch_split_minimises_token_positions(tmp_path, tiny_model_dir):
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_merged_micro_batches_give_the_same_step(tmp_path, tiny_model_dir, loss_type):
     """``merge_micro_batches``: the 12 rows of 3 micro-batches of 4 run in fewer forwards
-    (here one), within the positions of one micro-batch at the longest prompt and
-    completion; loss, entropy bonus (TRL's mean of micro-batch means) and every gradient are
+    (here two), within the positions of one micro-batch padded to the step's longest prompt
+    and completion; loss, entropy bonus (TRL's mean of micro-batch means) and every gradient are
     those of one forward per micro-batch, and of the unmerged length-sorted plan."""
     from grpokit.batch import Batch, MicroBatchPlan, loss_mask
+    from grpokit.speed.prefix import shared_prefix_length
 
     tr = GRPOTrainer(
         tiny_run_config(
@@ -225,9 +226,15 @@ def test_merged_micro_batches_give_the_same_step(tmp_path, tiny_model_dir, loss_
     )
     ro = _grouped_rollout(tr, prefix=20)  # 3 prompts x 4, prompts of 23..29 tokens
     merged = tr.opt.plan(ro)
-    assert len(merged) == 1 and tr.opt.plan.max_tokens == 4 * 50
     unmerged = MicroBatchPlan(4, 4, share=True)(ro)
     assert len(unmerged) >= 3 and max(map(len, unmerged)) <= 4
+    assert len(merged) < len(unmerged) and max(map(len, merged)) > 4
+    padded = 4 * int(ro.prompt_mask.sum(-1).max() + ro.completion_mask.sum(-1).max())
+    common = shared_prefix_length(ro.prompt_ids[:, :-1], ro.prompt_mask[:, :-1])
+    for rows in merged:  # what the plan counts: the common prefix once, each prompt's rest
+        p, c = ro.prompt_mask[rows].sum(-1).max(), ro.completion_mask[rows].sum(-1).max()
+        distinct = len({tuple(ro.prompt_ids[i].tolist()) for i in rows.tolist()})
+        assert common + distinct * (p - 1 - common) + len(rows) * (c + 1) <= padded
     in_order = [torch.arange(s, s + 4) for s in range(0, 12, 4)]  # TRL's micro-batches
     adv = torch.linspace(-1.5, 1.5, 12)
     out = []

@@ -120,11 +120,13 @@ def test_negative_token_bound_is_a_config_error():
     assert build_config({"max_micro_batch_tokens": 0}).max_micro_batch_tokens == 0
 
 
-def test_merged_forwards_hold_no_more_than_one_full_micro_batch():
-    """``merge_micro_batches`` lets a forward take any of the step's rows, within the positions
-    of one micro-batch at the longest prompt and completion (and ``max_micro_batch_tokens``);
-    bnpo, ``top_entropy_quantile`` < 1 and an unbounded prompt keep micro-batch-sized forwards,
-    and the planner's activation estimate stays that of one full micro-batch."""
+def test_merged_forwards_hold_no_more_than_one_padded_micro_batch():
+    """``merge_micro_batches`` lets a forward take any of the step's rows, within
+    ``max_micro_batch_tokens`` and within the positions of one micro-batch padded to the
+    step's longest prompt and completion (as TRL pads it; not to max_prompt_length, which
+    may be far above the prompts: a generous bound there let the bench's forwards hold twice
+    the unmerged activations); bnpo and ``top_entropy_quantile`` < 1 keep micro-batch-sized
+    forwards, and the planner's activation estimate stays that of one full micro-batch."""
     from grpokit.config import build_config
     from grpokit.plan.memory import forward_rows
     from grpokit.setup import forward_bounds
@@ -132,25 +134,37 @@ def test_merged_forwards_hold_no_more_than_one_full_micro_batch():
     base = dict(per_device_train_batch_size=8, gradient_accumulation_steps=4,
                 max_prompt_length=100, max_completion_length=156)  # fmt: skip
     cfg = build_config(base)
-    assert forward_bounds(cfg) == {"max_tokens": 2048, "max_rows": 32}
+    assert forward_bounds(cfg) == {"max_tokens": 4096, "max_rows": 32}
     assert forward_rows(cfg, 256) == 8
     assert forward_bounds(build_config(base | {"max_micro_batch_tokens": 1000})) == {
         "max_tokens": 1000, "max_rows": 32}  # fmt: skip
-    assert forward_bounds(build_config(base | {"max_micro_batch_tokens": 0}))["max_tokens"] == 2048
+    assert forward_bounds(build_config(base | {"max_micro_batch_tokens": 0}))["max_tokens"] is None
+    assert forward_bounds(build_config(base | {"max_prompt_length": None}))["max_rows"] == 32
     for off in ({"merge_micro_batches": False}, {"loss_type": "bnpo"},
-                {"top_entropy_quantile": 0.2}, {"max_prompt_length": None}):  # fmt: skip
+                {"top_entropy_quantile": 0.2}):  # fmt: skip
         assert forward_bounds(build_config(base | off))["max_rows"] is None, off
-    # 32 rows of 20-token prompts and 30-token completions: 1,600 positions, one forward
-    g = torch.Generator().manual_seed(0)
-    P, C, N = 20, 30, 32
-    p_ids = torch.randint(5, 50, (N // 4, P), generator=g).repeat_interleave(4, 0)
-    clen = torch.randint(20, C + 1, (N,), generator=g)
-    c_mask = (torch.arange(C)[None] < clen[:, None]).long()
-    ro = Rollout(p_ids, torch.ones(N, P, dtype=torch.long), c_mask * 7, c_mask, clen == C,
-                 [""] * N)  # fmt: skip
+
+    def rollout(P, C, N, lo):  # groups of 4 rows sharing a P-token prompt; completions lo..C
+        g = torch.Generator().manual_seed(0)
+        p_ids = torch.randint(5, 50, (N // 4, P), generator=g).repeat_interleave(4, 0)
+        clen = torch.randint(lo, C + 1, (N,), generator=g)
+        clen[0] = C
+        c_mask = (torch.arange(C)[None] < clen[:, None]).long()
+        return Rollout(p_ids, torch.ones(N, P, dtype=torch.long), c_mask * 7, c_mask,
+                       clen == C, [""] * N)  # fmt: skip
+
+    # 32 rows of 20-token prompts and 20-30-token completions: one micro-batch of 8 padded
+    # to the longest is 8 x 50 = 400 positions; the merged pieces stay within it, and some
+    # take more than 8 rows (the prompt runs once per group)
+    ro = rollout(20, 30, 32, 20)
     pieces = MicroBatchPlan(8, 4, share=True, **forward_bounds(cfg))(ro)
-    assert sorted(torch.cat(pieces).tolist()) == list(range(N))
-    assert len(pieces) == 1 and _positions(ro, pieces[0], True) <= 2048
-    pieces = MicroBatchPlan(8, 4, share=True, max_tokens=600, max_rows=32)(ro)
-    assert len(pieces) > 1 and max(len(r) for r in pieces) > 8
-    assert all(_positions(ro, r, True) <= 600 for r in pieces)
+    assert sorted(torch.cat(pieces).tolist()) == list(range(32))
+    assert all(_positions(ro, r, True) <= 8 * 50 for r in pieces)
+    assert max(len(r) for r in pieces) > 8 and len(pieces) < 4
+    # the token bound still applies below the padded micro-batch
+    pieces = MicroBatchPlan(8, 4, share=True, max_tokens=300, max_rows=32)(ro)
+    assert all(_positions(ro, r, True) <= 300 for r in pieces)
+    # an unmerged micro-batch never exceeds the padded bound, so it never cuts one
+    unmerged = MicroBatchPlan(8, 4, share=True, max_tokens=4096)(ro)
+    assert max(_positions(ro, r, True) for r in unmerged) <= 8 * 50
+    assert max(_positions(ro, r, False) for r in unmerged) <= 8 * 50
