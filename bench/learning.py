@@ -12,7 +12,11 @@ One run (no ``--seeds``): as ``grpokit train R``; the result is printed and writ
 ``--seeds N``: N runs with training seeds 0..N-1 on one held-out set (``--data_seed 42``
 unless given), each in ``DIR/seed-K``; prints each seed's row, then the mean and range
 (min..max) of each figure, and writes them all to ``DIR/bench_learning.json``. Seed-to-seed
-spread is what a code change has to beat before it counts.
+spread is what a code change has to beat before it counts. With ``--eval_steps K`` each run
+also evaluates the held-out problems every K steps (the training's random stream untouched),
+and a second table gives the accuracy at each of those steps per seed with the mean gain and
+its range: the learning curve to choose ``max_steps`` by. ``periodic_eval_seconds`` says how
+much of each run's wall time those evaluations took.
 
 To compare single training seeds by hand, fix the data's seed the same way:
 ``python bench/learning.py --seed 1 --data_seed 42`` (without ``--data_seed`` the problems
@@ -88,6 +92,9 @@ def run_once(recipe: Path, args: list[str], out: str) -> dict | None:
         return None
     s = json.loads(summary.read_text())
     b, a = s["before"], s["after"]
+    curve = held_out_curve(Path(out))
+    status = Path(out) / "status.json"
+    steps = json.loads(status.read_text()).get("step") if status.exists() else None
     return {
         "held_out_problems": b["num_prompts"],
         "accuracy_before": b["accuracy"],
@@ -97,9 +104,76 @@ def run_once(recipe: Path, args: list[str], out: str) -> dict | None:
         "format_after": a["format_rate"],
         "mean_length_before": b["mean_length"],
         "mean_length_after": a["mean_length"],
+        "steps": steps or max(curve, default=0),  # optimizer steps trained
         "wall_seconds": wall,
         "peak_rss_gb": usage.ru_maxrss / 1024**2,
+        # the periodic evaluations (eval_steps): step -> held-out accuracy, and their seconds
+        # (part of wall_seconds; a run without eval_steps does not spend them)
+        "curve": {step: acc for step, (acc, _) in curve.items()},
+        "periodic_eval_seconds": sum(sec for _, sec in curve.values()),
     }
+
+
+def held_out_curve(out: Path) -> dict[int, tuple[float, float]]:
+    """step -> (accuracy, seconds) of a run's periodic evaluations (``eval_step-N.json``)."""
+    found = {}
+    for f in out.glob("eval_step-*.json"):
+        step = f.stem.split("-", 1)[1]
+        if step.isdigit():
+            r = json.loads(f.read_text())
+            found[int(step)] = (r["accuracy"], r.get("seconds", 0.0))
+    return dict(sorted(found.items()))
+
+
+def plot_curves(path: Path, title: str, seeds: list[int], runs: list[dict]) -> bool:
+    """Each seed's held-out accuracy over the steps (before, the periodic evaluations, the
+    final model) and their mean, as a png at ``path``; False when there is nothing to draw
+    (no periodic evaluation) or matplotlib is missing (``pip install grpokit[report]``)."""
+    if not any(r["curve"] for r in runs):
+        return False
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    fig = Figure(figsize=(7.0, 3.6), dpi=100)
+    ax = fig.subplots()
+    points = []
+    for s, r in zip(seeds, runs):
+        pts = {0: r["accuracy_before"], **r["curve"], r["steps"]: r["accuracy_after"]}
+        xs = sorted(pts)
+        ax.plot(xs, [pts[x] for x in xs], marker="o", ms=3, lw=1, alpha=0.6, label=f"seed {s}")
+        points.append(pts)
+    common = sorted(set.intersection(*(set(p) for p in points)))
+    mean = [sum(p[x] for p in points) / len(points) for x in common]
+    ax.plot(common, mean, color="black", lw=2, marker="s", label="mean")
+    ax.set(xlabel="step", ylabel="held-out accuracy (greedy)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def curve_table(seeds: list[int], runs: list[dict]) -> str | None:
+    """Held-out accuracy at each periodic evaluation (eval_steps), one column per seed, then
+    the mean gain over the seeds and its range; None when the runs had no periodic
+    evaluation; the last row ("final") is the final model's, the "after" of the table above."""
+    steps = sorted(set().union(*(r["curve"] for r in runs)))
+    if not steps:
+        return None
+    head = ["step", *(f"seed {s}" for s in seeds), "mean gain", "range"]
+    rows = []
+    for step in [*steps, "final"]:
+        if step == "final":
+            accs = [r["accuracy_after"] for r in runs]
+        else:
+            accs = [r["curve"].get(step) for r in runs]
+        gains = [100 * (a - r["accuracy_before"]) for a, r in zip(accs, runs) if a is not None]
+        cells = ["-" if a is None else f"{a:.1%}" for a in accs]
+        rng = f"{min(gains):+.1f}..{max(gains):+.1f}"
+        rows.append([str(step), *cells, f"{sum(gains) / len(gains):+.1f}", rng])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *rows])
 
 
 def spread(runs: list[dict]) -> dict[str, dict[str, float]]:
@@ -156,6 +230,13 @@ def main() -> int:
     stats = spread(runs)
     print(f"\n{recipe.name}, {len(seeds)} seeds, data_seed {data_seed}:\n")
     print(table(seeds, runs, stats))
+    curve = curve_table(seeds, runs)
+    if curve:
+        print("\nheld-out accuracy at each periodic evaluation (eval_steps):\n")
+        print(curve)
+        png = Path(out) / "learning_curve.png"
+        if plot_curves(png, f"{recipe.stem}, {len(seeds)} seeds", seeds, runs):
+            print(f"\n{png}")
     result = {
         "recipe": str(recipe),
         "overrides": args,
