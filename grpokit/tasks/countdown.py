@@ -8,7 +8,10 @@ Sources (``dataset_name``):
   integer (checked by exhaustive search; the ``solution`` column holds one such equation).
   Parameters: ``train_size`` (default 5000), ``test_size`` (default 500), and the problem
   shape for smaller models: ``count`` (how many numbers, an int or a list to draw from;
-  default [3, 4]), ``max_number`` (default 99), ``target_range`` (default [10, 100]).
+  default [3, 4]), ``max_number`` (default 99), ``target_range`` (default [10, 100]), and
+  ``targets`` (``uniform``, the default: any reachable value; ``by_operation``: each of
+  ``+ - * /`` ends the solution equally often, so that no single operation is the answer to
+  most problems).
 - rows with ``nums`` and ``target`` (the Countdown-Tasks-3to4 layout): a local
   json/jsonl/parquet/csv file or directory, or the hub id ``Jiayi-Pan/Countdown-Tasks-3to4``
   (train split only, so set ``test_size`` for a seeded held-out slice).
@@ -76,6 +79,35 @@ def reachable(values: tuple[int, ...]) -> frozenset[int]:
     return frozenset(out)
 
 
+OPERATIONS = ("+", "-", "*", "/")
+
+
+def _splits(values: tuple[int, ...]):
+    """Every way to split ``values`` into two non-empty parts (each unordered pair once)."""
+    n = len(values)
+    for mask in range(1, 2 ** (n - 1)):  # the last value always goes right: no mirror twice
+        left = tuple(values[i] for i in range(n) if mask >> i & 1)
+        right = tuple(values[i] for i in range(n) if not mask >> i & 1)
+        yield left, right
+
+
+@lru_cache(maxsize=1 << 16)
+def reachable_by_last_operation(values: tuple[int, ...]) -> dict[str, frozenset[int]]:
+    """For each of ``+ - * /``: the values whose equation can END with that operation (its
+    outermost one), using each of ``values`` (sorted) exactly once, all steps in N."""
+    out: dict[str, set[int]] = {op: set() for op in OPERATIONS}
+    for left, right in _splits(values):
+        for x in reachable(tuple(sorted(left))):
+            for y in reachable(tuple(sorted(right))):
+                out["+"].add(x + y)
+                out["*"].add(x * y)
+                out["-"].add(abs(x - y))
+                for a, b in ((x, y), (y, x)):
+                    if b and a % b == 0:
+                        out["/"].add(a // b)
+    return {op: frozenset(v) for op, v in out.items()}
+
+
 def solve(nums: list[int], target: int) -> str | None:
     """One equation using each of ``nums`` once that makes ``target``, or None."""
     if target not in reachable(tuple(sorted(nums))):
@@ -101,16 +133,25 @@ def generate_problem(
     counts: tuple[int, ...] = (3, 4),
     max_number: int = 99,
     target_range: tuple[int, int] = (10, 100),
+    targets: str = "uniform",
 ) -> dict[str, Any]:
     """One solvable problem: ``counts`` (one drawn) numbers in 1..``max_number``, a target in
     ``target_range`` (inclusive) reachable from them, and a solution. The defaults are the
-    Countdown-Tasks-3to4 shape: 3 or 4 numbers in 1..99, targets 10..100."""
+    Countdown-Tasks-3to4 shape: 3 or 4 numbers in 1..99, targets 10..100.
+
+    ``targets``: ``"uniform"`` draws the target uniformly from the reachable values in range;
+    ``"by_operation"`` first draws one of ``+ - * /`` uniformly, then a target some equation
+    ENDING in it makes, so that no one operation answers most problems (uniform targets from
+    small numbers are sums about half the time, and a model can learn to always add)."""
     lo, hi = target_range
-    for _ in range(20_000):
+    last = rng.choice(OPERATIONS) if targets == "by_operation" else None  # once: no bias
+    for _ in range(20_000):  # towards the operations whose values fall in range more often
         nums = [rng.randint(1, max_number) for _ in range(rng.choice(counts))]
-        targets = sorted(t for t in reachable(tuple(sorted(nums))) if lo <= t <= hi)
-        if targets:
-            target = rng.choice(targets)
+        key = tuple(sorted(nums))
+        pool = reachable(key) if last is None else reachable_by_last_operation(key)[last]
+        targets_in_range = sorted(t for t in pool if lo <= t <= hi)
+        if targets_in_range:
+            target = rng.choice(targets_in_range)
             return {"nums": nums, "target": target, "solution": solve(nums, target)}
     raise TaskDataError(
         f"task countdown: no target in [{lo}, {hi}] was reachable from {list(counts)} numbers "
@@ -132,6 +173,7 @@ class CountdownTask(Task):
         "count": [3, 4],
         "max_number": 99,
         "target_range": [10, 100],
+        "targets": "uniform",
     }
 
     @property
@@ -147,7 +189,7 @@ class CountdownTask(Task):
                 "test": 500 if test is None else int(test),
             }
         else:
-            for k in ("train_size", "count", "max_number", "target_range"):
+            for k in ("train_size", "count", "max_number", "target_range", "targets"):
                 if self.p[k] != self.param_defaults[k]:
                     raise TaskDataError(
                         f"task countdown: {k} applies to generated problems only; "
@@ -168,7 +210,17 @@ class CountdownTask(Task):
             raise TaskDataError(
                 f"task countdown: target_range={rng!r}: use [lo, hi] with 0 <= lo <= hi"
             )
-        return {"counts": counts, "max_number": top, "target_range": (rng[0], rng[1])}
+        if self.p["targets"] not in ("uniform", "by_operation"):
+            raise TaskDataError(
+                f"task countdown: targets={self.p['targets']!r}: use 'uniform' (any reachable "
+                "value) or 'by_operation' (each of + - * / ends the solution equally often)"
+            )
+        return {
+            "counts": counts,
+            "max_number": top,
+            "target_range": (rng[0], rng[1]),
+            "targets": self.p["targets"],
+        }
 
     def load_rows(self, split: str) -> list[dict[str, Any]]:
         if not self.generated:

@@ -17,7 +17,13 @@ from grpokit.rewards.countdown import (
     is_think_answer_format,
 )
 from grpokit.tasks import get_task
-from grpokit.tasks.countdown import generate_problem, reachable, solve
+from grpokit.tasks.countdown import (
+    OPERATIONS,
+    generate_problem,
+    reachable,
+    reachable_by_last_operation,
+    solve,
+)
 
 
 def _check_steps(node):
@@ -306,9 +312,69 @@ def test_smaller_problems_for_small_models():
     assert {len(r["nums"]) for r in mixed.build("train")} == {2, 3}
 
 
+def _brute(nums):
+    """(outermost operation, value) of every equation over ``nums`` (each once), by
+    building every expression tree with non-negative integer steps: the slow reference."""
+    if len(nums) == 1:
+        return {(None, nums[0])}
+    out = set()
+    n = len(nums)
+    for mask in range(1, 2**n - 1):
+        left = [nums[i] for i in range(n) if mask >> i & 1]
+        right = [nums[i] for i in range(n) if not mask >> i & 1]
+        for _, x in _brute(left):
+            for _, y in _brute(right):
+                out |= {("+", x + y), ("*", x * y)}
+                if x >= y:
+                    out.add(("-", x - y))
+                if y and x % y == 0:
+                    out.add(("/", x // y))
+    return out
+
+
+def test_reachable_by_last_operation_matches_brute_force():
+    rng = random.Random(5)
+    for _ in range(60):
+        nums = [rng.randint(0, 9) for _ in range(rng.choice([2, 3, 4]))]
+        by = reachable_by_last_operation(tuple(sorted(nums)))
+        want = _brute(nums)
+        for op in OPERATIONS:
+            assert by[op] == {v for o, v in want if o == op}, (nums, op)
+        assert set().union(*by.values()) == reachable(tuple(sorted(nums)))
+
+
+def _share_by_operation(rows):
+    """For each operation, the share of ``rows`` an equation ending in it solves."""
+    hits = Counter()
+    for r in rows:
+        by = reachable_by_last_operation(tuple(sorted(r["nums"])))
+        hits.update(op for op in OPERATIONS if r["target"] in by[op])
+    return {op: hits[op] / len(rows) for op in OPERATIONS}
+
+
+def test_targets_by_operation_leave_no_operation_answering_most_problems():
+    def draw(targets):
+        rng = random.Random(0)
+        return [generate_problem(rng, (2,), 9, (1, 20), targets) for _ in range(1500)]
+
+    uniform, share = _share_by_operation(draw("uniform")), _share_by_operation(draw("by_operation"))
+    # uniform targets from two small numbers: a sum is right on 2 problems in 5
+    assert uniform["+"] > 0.38 and uniform["*"] < 0.25, uniform
+    # by operation: each drawn a quarter of the time, more where two operations agree
+    assert all(0.22 < share[op] < 0.42 for op in OPERATIONS), share
+    shape = dict(seed=3, count=[2, 3], max_number=9, target_range=[1, 20], train_size=300)
+    t = get_task("countdown", **shape, test_size=50, targets="by_operation")
+    rows = t.build("train")
+    for r in rows + t.build("test"):  # still solvable as stated, and held out as before
+        assert _check_steps(ast.parse(r["solution"], mode="eval").body) == r["target"]
+    held = {(tuple(sorted(r["nums"])), r["target"]) for r in t.build("test")}
+    assert not held & {(tuple(sorted(r["nums"])), r["target"]) for r in rows}
+
+
 @pytest.mark.parametrize(
     "params, says",
     [
+        ({"targets": "random"}, "targets='random': use 'uniform'"),
         ({"count": 1}, "count=1: use 2..6"),
         ({"count": [3, "x"]}, "count=[3, 'x']"),
         ({"max_number": 0}, "max_number=0"),
@@ -330,6 +396,8 @@ def test_problem_shape_is_for_generated_problems_only(tmp_path, write_jsonl):
     write_jsonl(tmp_path / "train.jsonl", [{"nums": [3, 5, 7], "target": 22}])
     with pytest.raises(TaskDataError, match="max_number applies to generated problems only"):
         get_task("countdown", dataset_name=str(tmp_path), max_number=9)
+    with pytest.raises(TaskDataError, match="targets applies to generated problems only"):
+        get_task("countdown", dataset_name=str(tmp_path), targets="by_operation")
 
 
 def test_a_demonstrated_countdown_problem_is_never_drawn():
