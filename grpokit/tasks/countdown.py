@@ -9,9 +9,9 @@ Sources (``dataset_name``):
   Parameters: ``train_size`` (default 5000), ``test_size`` (default 500), and the problem
   shape for smaller models: ``count`` (how many numbers, an int or a list to draw from;
   default [3, 4]), ``max_number`` (default 99), ``target_range`` (default [10, 100]), and
-  ``targets`` (``uniform``, the default: any reachable value; ``by_operation``: each of
-  ``+ - * /`` ends the solution equally often, so that no single operation is the answer to
-  most problems).
+  ``targets`` (``uniform``, the default: any reachable value; ``by_operation``: one of
+  ``+ - * /`` drawn equally often, then a target an equation ending in it makes, so that no
+  single operation is the answer to most problems).
 - rows with ``nums`` and ``target`` (the Countdown-Tasks-3to4 layout): a local
   json/jsonl/parquet/csv file or directory, or the hub id ``Jiayi-Pan/Countdown-Tasks-3to4``
   (train split only, so set ``test_size`` for a seeded held-out slice).
@@ -144,8 +144,10 @@ def generate_problem(
     ENDING in it makes, so that no one operation answers most problems (uniform targets from
     small numbers are sums about half the time, and a model can learn to always add)."""
     lo, hi = target_range
-    last = rng.choice(OPERATIONS) if targets == "by_operation" else None  # once: no bias
-    for _ in range(20_000):  # towards the operations whose values fall in range more often
+    # by_operation: the operation is drawn once, before the numbers, so that operations whose
+    # values fall in range less often (* with large numbers) are not redrawn away
+    last = rng.choice(OPERATIONS) if targets == "by_operation" else None
+    for _ in range(20_000):
         nums = [rng.randint(1, max_number) for _ in range(rng.choice(counts))]
         key = tuple(sorted(nums))
         pool = reachable(key) if last is None else reachable_by_last_operation(key)[last]
@@ -213,7 +215,7 @@ class CountdownTask(Task):
         if self.p["targets"] not in ("uniform", "by_operation"):
             raise TaskDataError(
                 f"task countdown: targets={self.p['targets']!r}: use 'uniform' (any reachable "
-                "value) or 'by_operation' (each of + - * / ends the solution equally often)"
+                "value) or 'by_operation' (one of + - * / drawn first, then a target it makes)"
             )
         return {
             "counts": counts,
