@@ -1,10 +1,11 @@
 """Does a Countdown model choose its operators, or write one template? Not a test.
 
-    python bench/countdown_patterns.py RECIPE MODEL [MODEL ...] [--limit N]
+    python bench/countdown_patterns.py RECIPE MODEL [MODEL ...] [--limit N] [--data_seed S]
 
 Generates greedy completions for RECIPE's held-out problems (its task, task_params, system
-prompt and seed, as training evaluates them) with each MODEL (a run's ``final`` directory, a
-checkpoint, or a hub id), and prints, per model:
+prompt and data seed, as training evaluates them; pass ``--data_seed`` when the run got one
+on its command line, as ``bench/learning.py --data_seed 42`` does) with each MODEL (a run's
+``final`` directory, a checkpoint, or a hub id), and prints, per model:
 
 - success and format rate (the task's own grader, as ``grpokit eval``);
 - the answers' shapes (numbers replaced by ``n``: ``n + n``, ``n - n * n``) and how many of
@@ -73,8 +74,16 @@ def main() -> int:
     ap.add_argument("recipe")
     ap.add_argument("models", nargs="+")
     ap.add_argument("--limit", type=int, default=None, help="held-out problems (recipe's)")
+    ap.add_argument(
+        "--data_seed",
+        type=int,
+        default=None,
+        help="the run's data_seed, if given on its command line (default: recipe's)",
+    )
     args = ap.parse_args()
     raw = yaml.safe_load(Path(args.recipe).read_text())
+    if args.data_seed is not None:
+        raw["data_seed"] = args.data_seed
     keep = ("task", "task_params", "system_prompt", "seed", "data_seed")
     cfg = build_config({k: raw[k] for k in keep if k in raw}, source=args.recipe)
     if cfg.task != "countdown":

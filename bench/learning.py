@@ -76,9 +76,24 @@ def run_env() -> dict[str, str]:
     return env
 
 
+MARK = ".bench-learning"  # in every directory this bench made, so a re-run may replace it
+
+
+def clear_own_dir(out: Path) -> None:
+    """Empty ``out`` for a fresh run, but only if this bench made it: never delete a user's run."""
+    if out.exists() and any(out.iterdir()) and not (out / MARK).exists():
+        raise SystemExit(
+            f"{out} exists and was not made by bench/learning.py: pass another --output_dir "
+            "or move it away (the bench replaces its own directories only)"
+        )
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    (out / MARK).write_text("made by bench/learning.py; a re-run replaces this directory\n")
+
+
 def run_once(recipe: Path, args: list[str], out: str) -> dict | None:
     """One training run into ``out``: its before/after figures, or None when it failed."""
-    shutil.rmtree(out, ignore_errors=True)
+    clear_own_dir(Path(out))
     cmd = [sys.executable, "-m", "grpokit", "train", str(recipe), *args, "--output_dir", out]
     print("$", " ".join(cmd), flush=True)
     t0 = time.time()
@@ -204,6 +219,9 @@ def table(seeds: list[int], runs: list[dict], stats: dict) -> str:
 
 def main() -> int:
     args = sys.argv[1:]
+    if {"-h", "--help"} & set(args):  # not a training override: grpokit train would start
+        sys.stdout.write(__doc__)
+        return 0
     recipe = recipe_path(take(args, "--recipe", "default"))
     n = take(args, "--seeds")
     out = take(args, "--output_dir", "outputs/bench-learning")

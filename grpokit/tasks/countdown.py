@@ -49,19 +49,23 @@ HUB_ID = "Jiayi-Pan/Countdown-Tasks-3to4"
 
 
 # ---------------------------------------------------------------------- generator
+def _results(x: int, y: int) -> list[tuple[str, int, bool]]:
+    """(operation, value, swapped) for every non-negative integer result of combining x and y;
+    ``swapped`` means the equation is ``y op x``. The one place the game's rules live."""
+    out = [("+", x + y, False), ("*", x * y, False)]
+    out.append(("-", x - y, False) if x >= y else ("-", y - x, True))
+    if y and x % y == 0:
+        out.append(("/", x // y, False))
+    if x and y % x == 0 and x != y:
+        out.append(("/", y // x, True))
+    return out
+
+
 def _combine(a: tuple[int, str], b: tuple[int, str]) -> list[tuple[int, str]]:
     """Every value reachable from two (value, expr) pairs with non-negative integer results."""
     (x, ex), (y, ey) = a, b
-    out = [(x + y, f"({ex} + {ey})"), (x * y, f"({ex} * {ey})")]
-    if x >= y:
-        out.append((x - y, f"({ex} - {ey})"))
-    if y > x:
-        out.append((y - x, f"({ey} - {ex})"))
-    if y and x % y == 0:
-        out.append((x // y, f"({ex} / {ey})"))
-    if x and y % x == 0 and x != y:
-        out.append((y // x, f"({ey} / {ex})"))
-    return out
+    return [(v, f"({ey} {op} {ex})" if swapped else f"({ex} {op} {ey})")
+            for op, v, swapped in _results(x, y)]  # fmt: skip
 
 
 @lru_cache(maxsize=1 << 18)
@@ -99,12 +103,8 @@ def reachable_by_last_operation(values: tuple[int, ...]) -> dict[str, frozenset[
     for left, right in _splits(values):
         for x in reachable(tuple(sorted(left))):
             for y in reachable(tuple(sorted(right))):
-                out["+"].add(x + y)
-                out["*"].add(x * y)
-                out["-"].add(abs(x - y))
-                for a, b in ((x, y), (y, x)):
-                    if b and a % b == 0:
-                        out["/"].add(a // b)
+                for op, v, _ in _results(x, y):
+                    out[op].add(v)
     return {op: frozenset(v) for op, v in out.items()}
 
 
