@@ -9,7 +9,9 @@ on its command line, as ``bench/learning.py --data_seed 42`` does) with each MOD
 
 - success and format rate (the task's own grader, as ``grpokit eval``);
 - the answers' shapes (numbers replaced by ``n``: ``n + n``, ``n - n * n``) and how many of
-  each were correct;
+  each were correct, as a share next to the share of ALL these problems that shape solves
+  when written blindly (numbers in whatever order works): a shape right more often than
+  that is chosen per problem, not by habit;
 - the **fixed-pattern ceiling**: the share of these problems that the best single
   left-to-right pattern of operators (the numbers in the given order) solves. A model that
   writes one pattern cannot score above it; success above it, or successes on problems that
@@ -43,7 +45,11 @@ from grpokit.setup import build_task  # noqa: E402
 
 
 def shape(equation: str | None) -> str:
-    return "(no answer)" if equation is None else re.sub(r"\d+", "n", " ".join(equation.split()))
+    """``13*2`` and ``13 * 2`` alike: ``n * n``."""
+    if equation is None:
+        return "(no answer)"
+    flat = re.sub(r"\d+", "n", "".join(equation.split()))
+    return re.sub(r"([-+*/])", r" \1 ", flat)
 
 
 def solving_patterns(nums: list[int], target: int) -> set[tuple[str, ...]]:
@@ -57,6 +63,24 @@ def solving_patterns(nums: list[int], target: int) -> set[tuple[str, ...]]:
         except ZeroDivisionError:
             pass
     return found
+
+
+def base_rate(rows: list[dict], shape_: str) -> float | None:
+    """The share of ``rows`` that writing ``shape_`` blindly would solve (numbers in whatever
+    order works), or None for a shape with brackets or no operators. A model whose answers of
+    this shape are right more often than this chooses it per problem, not by habit."""
+    flat = shape_.replace(" ", "")
+    if not re.fullmatch(r"n(?:[-+*/]n)+", flat):
+        return None
+    ops = tuple(re.findall(r"[-+*/]", flat))
+    fits = [r for r in rows if len(r["nums"]) == len(ops) + 1]
+    hit = sum(
+        any(
+            ops in solving_patterns(list(p), r["target"]) for p in itertools.permutations(r["nums"])
+        )
+        for r in fits
+    )
+    return hit / len(fits) if fits else None
 
 
 def ceiling(rows: list[dict]) -> tuple[tuple[str, ...], float, list[bool]]:
@@ -119,7 +143,9 @@ def main() -> int:
             f"{beyond} of {solved_by_best.count(False)}"
         )
         for s, n in shapes.most_common(8):
-            print(f"  {n:4d} x {s[:60]:<60} correct {right[s]}")
+            base = base_rate(rows, s)
+            blind = "" if base is None else f" ({right[s] / n:.0%}; written blindly: {base:.0%})"
+            print(f"  {n:4d} x {s[:50]:<50} correct {right[s]}{blind}")
     return 0
 
 
