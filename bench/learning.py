@@ -81,7 +81,11 @@ MARK = ".bench-learning"  # in every directory this bench made, so a re-run may 
 
 def clear_own_dir(out: Path) -> None:
     """Empty ``out`` for a fresh run, but only if this bench made it: never delete a user's run."""
-    if out.exists() and any(out.iterdir()) and not (out / MARK).exists():
+    # before MARK existed, its result file marked a directory it made (a --seeds run's
+    # seed-K directories: the parent's)
+    own = (out / MARK).exists() or (out / "bench_learning.json").exists()
+    own = own or (out.name.startswith("seed-") and (out.parent / "bench_learning.json").exists())
+    if out.exists() and any(out.iterdir()) and not own:
         raise SystemExit(
             f"{out} exists and was not made by bench/learning.py: pass another --output_dir "
             "or move it away (the bench replaces its own directories only)"

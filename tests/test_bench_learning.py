@@ -31,3 +31,15 @@ def test_its_own_directory_and_an_empty_one_are_replaced(tmp_path):
         learning.clear_own_dir(out)  # a re-run of the bench
         assert not (out / "old.json").exists()
         assert (out / learning.MARK).exists()
+
+
+def test_a_directory_an_earlier_bench_made_is_replaced(tmp_path):
+    one, seeds = tmp_path / "one", tmp_path / "seeds"
+    one.mkdir()
+    (one / "bench_learning.json").write_text("{}")  # a single run's result, before the mark
+    (seeds / "seed-0").mkdir(parents=True)
+    (seeds / "seed-0" / "metrics.jsonl").write_text("{}\n")
+    (seeds / "bench_learning.json").write_text("{}")  # the --seeds parent's result
+    for out in (one, seeds / "seed-0"):
+        learning.clear_own_dir(out)
+        assert [p.name for p in out.iterdir()] == [learning.MARK]
