@@ -137,7 +137,7 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.models import resolve_model
     from grpokit.rewards import get_reward_funcs
 
-    models = args.compare if args.compare else [args.model]
+    models = _eval_models(args)
     for spec in models:  # a model that cannot load is named before any data loads
         resolve_model(spec)
     try:
@@ -161,20 +161,28 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _eval_models(args: argparse.Namespace) -> list[str]:
+    """The models to evaluate, in order: MODEL, then --compare's."""
+    return ([args.model] if args.model else []) + list(args.compare or [])
+
+
 def _eval_task(args: argparse.Namespace):
     """The task to evaluate on: --task with its options, else the task of the model's saved
     run config (or --config's), else gsm8k. Sets ``args.task`` to its name."""
     from grpokit.config import build_config
     from grpokit.setup import build_task
 
-    run_cfg = (
-        _run_config(args.config or (args.compare or [args.model])[-1]) if not args.task else {}
-    )
+    # --config, else the last model given that was trained by grpokit (has a run config)
+    specs = [] if args.task else [args.config] if args.config else _eval_models(args)[::-1]
+    run_cfg = next((c for c in map(_run_config, specs) if c), {})
     keep = ("task_params", "dataset_name", "dataset_config", "system_prompt",
             "dataset_prompt_column")  # fmt: skip
     values = {k: run_cfg[k] for k in keep if run_cfg.get(k) is not None}
     values["task"] = args.task or run_cfg.get("task") or "gsm8k"
     values["seed"] = args.seed if args.seed is not None else run_cfg.get("seed", 42)
+    if args.seed is None:  # the run's own held-out draw (data_seed, when it fixed one)
+        values["data_seed"] = run_cfg.get("data_seed")
+    _eval_settings(args, run_cfg)
     if args.task_params:
         values["task_params"] = json.loads(args.task_params)
     if args.dataset_name:
@@ -185,9 +193,33 @@ def _eval_task(args: argparse.Namespace):
     if run_cfg:
         print(
             f"[grpokit] task {cfg.task} {cfg.task_params} from the run's config ({run_cfg['_path']})"
+            f"; its held-out draw (data seed {cfg.seed if cfg.data_seed is None else cfg.data_seed})"
+            f", {args.max_eval_samples} problems, completions <= {args.max_completion_length} tokens"
         )
     args.task = cfg.task
     return build_task(cfg)
+
+
+# eval's own defaults for what a trained model's run config otherwise sets (the run's
+# evaluation: its lengths, prompt batch and number of held-out problems)
+_EVAL_DEFAULTS = {"max_completion_length": 256, "batch_size": 32, "max_eval_samples": 200,
+                  "max_prompt_length": None}  # fmt: skip
+
+
+def _eval_settings(args: argparse.Namespace, run_cfg: dict) -> None:
+    """Fill the eval options the user did not give from the run's config, so that
+    ``grpokit eval RUN/final`` repeats the run's own after-training evaluation; else eval's
+    defaults."""
+    from_run = {
+        "max_completion_length": run_cfg.get("eval_max_completion_length")
+        or run_cfg.get("max_completion_length"),
+        "batch_size": run_cfg.get("per_device_eval_batch_size"),
+        "max_eval_samples": run_cfg.get("max_eval_samples") or None,
+        "max_prompt_length": run_cfg.get("max_prompt_length"),
+    }
+    for key, default in _EVAL_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, from_run[key] if from_run[key] is not None else default)
 
 
 def _evaluate_model(spec: str, task, rows: list, funcs: list, device, args) -> dict:
@@ -209,9 +241,38 @@ def _evaluate_model(spec: str, task, rows: list, funcs: list, device, args) -> d
         funcs,
         batch_size=args.batch_size,
         max_new_tokens=args.max_completion_length,
+        max_prompt_length=args.max_prompt_length,
         num_samples=args.num_samples,
         temperature=args.temperature,
     )
+
+
+def _generate_prompt_head(args: argparse.Namespace) -> list[dict[str, str]]:
+    """The messages before each question: for a model grpokit trained (its run config),
+    unless ``--task`` or ``--plain``, the run's system prompt and worked problems
+    (``task_params.demonstrations``), so it is asked as it was trained; with ``--task``, that
+    task's default system prompt; ``--system_prompt`` replaces the system prompt in each."""
+    from grpokit.tasks import get_task
+    from grpokit.tasks.base import check_demonstrations
+
+    run_cfg = {} if args.task or args.plain else _run_config(args.model)
+    task = args.task or run_cfg.get("task")
+    system, demos = args.system_prompt, []
+    if task:
+        t = get_task(task)
+        if system is None:
+            system = run_cfg.get("system_prompt")
+            system = t.default_system_prompt if system is None else system
+        demos = (run_cfg.get("task_params") or {}).get("demonstrations") or []
+        demos = check_demonstrations(demos, task)
+    if run_cfg:
+        print(
+            f"[grpokit] asked as the run trained it ({run_cfg['_path']}): its system prompt"
+            f" and {sum(m['role'] == 'user' for m in demos)} worked problem(s) before each"
+            " question (--plain: without)",
+            flush=True,
+        )
+    return ([{"role": "system", "content": system}] if system else []) + demos
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
@@ -227,24 +288,15 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     if not prompts:
         print("give a prompt, or --file with one prompt per line", file=sys.stderr)
         return 2
-    system = args.system_prompt
-    if system is None and args.task:
-        from grpokit.tasks import get_task
-
-        t = get_task(args.task)
-        system = t.system_prompt if t.system_prompt is not None else t.default_system_prompt
     try:
+        head = _generate_prompt_head(args)
         device = resolve_device(args.device)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model, tok, src = load_model_and_tokenizer(args.model, dtype=args.torch_dtype)
     model.to(device)
-    msgs = [
-        ([{"role": "system", "content": system}] if system else [])
-        + [{"role": "user", "content": p}]
-        for p in prompts
-    ]
+    msgs = [head + [{"role": "user", "content": p}] for p in prompts]
     ids, mask = tokenize_prompts(tok, render_prompts(tok, msgs), None)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
@@ -435,11 +487,17 @@ def _add_eval_parser(sub) -> None:
     e.add_argument("--dataset_name", default=None)
     e.add_argument("--system_prompt", default=None)
     e.add_argument("--split", default="test")
-    e.add_argument("--max_eval_samples", type=int, default=200)
+    e.add_argument(
+        "--max_eval_samples", type=int, default=None, help="default: the run's, else 200"
+    )
     e.add_argument("--num_samples", type=int, default=1, help="k for pass@k (sampled)")
     e.add_argument("--temperature", type=float, default=1.0)
-    e.add_argument("--max_completion_length", type=int, default=256)
-    e.add_argument("--batch_size", type=int, default=32)
+    e.add_argument(
+        "--max_completion_length", type=int, default=None, help="default: the run's, else 256"
+    )
+    e.add_argument(
+        "--batch_size", type=int, default=None, help="default: the run's eval batch, else 32"
+    )
     e.add_argument("--torch_dtype", default="float32")
     e.add_argument("--device", default="auto", help=_DEVICE_HELP)
     e.add_argument("--seed", type=int, default=None)
@@ -451,7 +509,17 @@ def _add_generate_parser(sub) -> None:
     g.add_argument("model")
     g.add_argument("prompts", nargs="*")
     g.add_argument("--file")
-    g.add_argument("--task", default=None, help="use this task's system prompt")
+    g.add_argument(
+        "--task",
+        default=None,
+        help="use this task's default system prompt (default: a grpokit-trained model is asked "
+        "as its run trained it: the run's system prompt and worked problems)",
+    )
+    g.add_argument(
+        "--plain",
+        action="store_true",
+        help="only --system_prompt (if given) and the question: not the run's prompt",
+    )
     g.add_argument("--system_prompt", default=None)
     g.add_argument("--max_new_tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=1.0)

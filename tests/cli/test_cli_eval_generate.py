@@ -1,6 +1,7 @@
 import json
 
 from grpokit.cli import main
+from grpokit.evaluation import prompt_text
 
 TP = '{"digits": 1, "test_size": 8, "train_size": 16}'
 
@@ -108,3 +109,66 @@ def test_eval_takes_the_task_from_the_trained_models_config(tmp_path, tiny_model
     )
     out = capsys.readouterr().out
     assert "task arithmetic" in out and "from the run's config" in out
+
+
+def test_eval_of_a_trained_model_repeats_the_runs_own_evaluation(tmp_path, tiny_model_dir):
+    """With no options, ``grpokit eval RUN/final`` evaluates the problems the run held out
+    (its data_seed, not its training seed) with the run's evaluation settings, and a
+    positional model with --compare is a column of the comparison, not dropped."""
+    import shutil
+
+    import yaml
+
+    from grpokit.tasks import get_task
+
+    model = tmp_path / "final"
+    shutil.copytree(tiny_model_dir, model)
+    params = {"digits": 2, "test_size": 50, "train_size": 16}
+    run = {"task": "arithmetic", "task_params": params, "seed": 3, "data_seed": 7,
+           "max_eval_samples": 5, "max_completion_length": 2}  # fmt: skip
+    (model / "grpokit_config.yaml").write_text(yaml.safe_dump(run))
+    out = tmp_path / "e.json"
+    assert main(["eval", str(model), "--output", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["num_prompts"] == 5 and r["max_length"] <= 2
+    held_out = get_task("arithmetic", seed=7, **params).build("test", limit=5)
+    wrong_draw = get_task("arithmetic", seed=3, **params).build("test", limit=5)
+    shown = [e["prompt"] for e in r["examples"]]
+    assert shown == [prompt_text(row["prompt"]) for row in held_out]
+    assert shown != [prompt_text(row["prompt"]) for row in wrong_draw]
+    # the base model first: the task and draw still come from the trained one's config
+    assert main(["eval", tiny_model_dir, "--compare", str(model), "--output", str(out)]) == 0
+    both = json.loads(out.read_text())
+    assert [both[k]["model"] for k in sorted(both)] == [tiny_model_dir, str(model)]
+    assert [e["prompt"] for e in both["[A]"]["examples"]] == shown
+
+
+def test_generate_asks_a_trained_model_as_its_run_did(tmp_path, tiny_model_dir, monkeypatch):
+    """The run's system prompt and worked problems precede each question unless --plain or
+    --task (then that task's default system prompt) is given."""
+    import shutil
+
+    import yaml
+
+    import grpokit.prompts
+
+    model = tmp_path / "final"
+    shutil.copytree(tiny_model_dir, model)
+    demos = [{"role": "user", "content": "What is 1 + 2?"},
+             {"role": "assistant", "content": "<answer>3</answer>"}]  # fmt: skip
+    run = {"task": "arithmetic", "system_prompt": "Be brief.",
+           "task_params": {"demonstrations": demos}}  # fmt: skip
+    (model / "grpokit_config.yaml").write_text(yaml.safe_dump(run))
+    seen = []
+    render = grpokit.prompts.render_prompts
+    monkeypatch.setattr(
+        grpokit.prompts, "render_prompts", lambda t, m: seen.append(m) or render(t, m)
+    )
+    base = ["generate", str(model), "What is 4 + 4?", "--max_new_tokens", "2"]
+    question = {"role": "user", "content": "What is 4 + 4?"}
+    assert main(base) == 0
+    assert seen[-1] == [[{"role": "system", "content": "Be brief."}, *demos, question]]
+    assert main([*base, "--plain"]) == 0
+    assert seen[-1] == [[question]]
+    assert main([*base, "--task", "arithmetic", "--system_prompt", "S"]) == 0
+    assert seen[-1] == [[{"role": "system", "content": "S"}, question]]
