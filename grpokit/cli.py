@@ -136,6 +136,7 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.evaluation import format_comparison, save_eval
     from grpokit.models import resolve_model
     from grpokit.rewards import get_reward_funcs
+    from grpokit.tools import ToolFormatError, ToolSpecError
 
     models = _eval_models(args)
     for spec in models:  # a model that cannot load is named before any data loads
@@ -153,7 +154,14 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     for label, spec in zip(labels, models):
         if len(models) > 1:
             print(f"{label} = {spec}")
-        results[label] = {"model": spec, **_evaluate_model(spec, task, rows, funcs, device, args)}
+        try:
+            results[label] = {
+                "model": spec,
+                **_evaluate_model(spec, task, rows, funcs, device, args),
+            }
+        except (ToolSpecError, ToolFormatError) as e:  # the run's tools cannot be set up here
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     print(format_comparison(results))
     if args.output:
         save_eval(results if len(results) > 1 else results[labels[0]], args.output)
@@ -176,13 +184,14 @@ def _eval_task(args: argparse.Namespace):
     specs = [] if args.task else [args.config] if args.config else _eval_models(args)[::-1]
     run_cfg = next((c for c in map(_run_config, specs) if c), {})
     keep = ("task_params", "dataset_name", "dataset_config", "system_prompt",
-            "dataset_prompt_column")  # fmt: skip
+            "dataset_prompt_column", "dataset_train_split")  # fmt: skip
     values = {k: run_cfg[k] for k in keep if run_cfg.get(k) is not None}
     values["task"] = args.task or run_cfg.get("task") or "gsm8k"
     values["seed"] = args.seed if args.seed is not None else run_cfg.get("seed", 42)
     if args.seed is None:  # the run's own held-out draw (data_seed, when it fixed one)
         values["data_seed"] = run_cfg.get("data_seed")
     _eval_settings(args, run_cfg)
+    args.run_cfg = run_cfg  # its chat template and tools, for _evaluate_model
     if args.task_params:
         values["task_params"] = json.loads(args.task_params)
     if args.dataset_name:
@@ -203,7 +212,7 @@ def _eval_task(args: argparse.Namespace):
 # eval's own defaults for what a trained model's run config otherwise sets (the run's
 # evaluation: its lengths, prompt batch and number of held-out problems)
 _EVAL_DEFAULTS = {"max_completion_length": 256, "batch_size": 32, "max_eval_samples": 200,
-                  "max_prompt_length": None}  # fmt: skip
+                  "max_prompt_length": None, "split": "test"}  # fmt: skip
 
 
 def _eval_settings(args: argparse.Namespace, run_cfg: dict) -> None:
@@ -216,6 +225,7 @@ def _eval_settings(args: argparse.Namespace, run_cfg: dict) -> None:
         "batch_size": run_cfg.get("per_device_eval_batch_size"),
         "max_eval_samples": run_cfg.get("max_eval_samples") or None,
         "max_prompt_length": run_cfg.get("max_prompt_length"),
+        "split": run_cfg.get("dataset_test_split"),
     }
     for key, default in _EVAL_DEFAULTS.items():
         if getattr(args, key, None) is None:
@@ -227,11 +237,16 @@ def _evaluate_model(spec: str, task, rows: list, funcs: list, device, args) -> d
     from grpokit.evaluation import evaluate
     from grpokit.models import load_model_and_tokenizer
     from grpokit.rollout.hf import HFRolloutEngine
+    from grpokit.tools.template import named_chat_template
 
-    model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype)
+    run_cfg = getattr(args, "run_cfg", None) or {}
+    template = named_chat_template(run_cfg.get("chat_template"))  # as the run loaded it
+    model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype, chat_template=template)
     model.to(device)
+    agent = _eval_agent(run_cfg, tok, model, spec, args.max_prompt_length)
     print(
-        f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts",
+        f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts"
+        + (f", in the run's tool loop ({_tool_names(run_cfg)})" if agent else ""),
         flush=True,
     )
     return evaluate(
@@ -244,14 +259,42 @@ def _evaluate_model(spec: str, task, rows: list, funcs: list, device, args) -> d
         max_prompt_length=args.max_prompt_length,
         num_samples=args.num_samples,
         temperature=args.temperature,
+        agent=agent,
     )
 
 
-def _generate_prompt_head(args: argparse.Namespace) -> list[dict[str, str]]:
+def _tool_names(run_cfg: dict) -> str:
+    names = list(run_cfg.get("tools") or [])
+    factory = run_cfg.get("environment_factory")
+    return ", ".join(names + ([f"environment {factory}"] if factory else []))
+
+
+def _eval_agent(run_cfg: dict, tok, model, spec: str, max_prompt_length: int | None):
+    """The run's tool loop when it trained with ``tools`` / ``environment_factory``: a
+    model trained to call a calculator is evaluated calling it, as the run's own evaluation
+    did (without it every answer is an unanswered <tool_call>). None otherwise."""
+    if not run_cfg.get("tools") and not run_cfg.get("environment_factory"):
+        return None
+    from grpokit.rollout.agent import Agent
+    from grpokit.tools import Environments, load_tools
+
+    factory = run_cfg.get("environment_factory")
+    return Agent(
+        tok, load_tools(run_cfg.get("tools") or []), Environments(factory) if factory else None,
+        max_iterations=run_cfg.get("max_tool_calling_iterations"),
+        timeout=run_cfg.get("tool_timeout") or 10.0,
+        max_prompt_length=max_prompt_length,
+        prompt_truncation=run_cfg.get("prompt_truncation") or "truncate",
+        model=spec, vocab_size=int(getattr(model.config, "vocab_size", 0)),
+    )  # fmt: skip
+
+
+def _generate_prompt_head(args: argparse.Namespace) -> tuple[list[dict[str, str]], dict]:
     """The messages before each question: for a model grpokit trained (its run config),
     unless ``--task`` or ``--plain``, the run's system prompt and worked problems
     (``task_params.demonstrations``), so it is asked as it was trained; with ``--task``, that
-    task's default system prompt; ``--system_prompt`` replaces the system prompt in each."""
+    task's default system prompt; ``--system_prompt`` replaces the system prompt in each.
+    Also the run config read ({} when none is used): its chat template and tools."""
     from grpokit.tasks import get_task
     from grpokit.tasks.base import check_demonstrations
 
@@ -272,7 +315,7 @@ def _generate_prompt_head(args: argparse.Namespace) -> list[dict[str, str]]:
             " question (--plain: without)",
             flush=True,
         )
-    return ([{"role": "system", "content": system}] if system else []) + demos
+    return ([{"role": "system", "content": system}] if system else []) + demos, run_cfg
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
@@ -281,6 +324,8 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     from grpokit.prompts import render_prompts, tokenize_prompts
     from grpokit.rollout.base import SamplingParams
     from grpokit.rollout.hf import HFRolloutEngine
+    from grpokit.tools import ToolFormatError, ToolSpecError
+    from grpokit.tools.template import named_chat_template
 
     prompts = list(args.prompts)
     if args.file:
@@ -289,23 +334,35 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
         print("give a prompt, or --file with one prompt per line", file=sys.stderr)
         return 2
     try:
-        head = _generate_prompt_head(args)
+        head, run_cfg = _generate_prompt_head(args)
         device = resolve_device(args.device)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model, tok, src = load_model_and_tokenizer(args.model, dtype=args.torch_dtype)
+    template = named_chat_template(run_cfg.get("chat_template"))  # as the run loaded it
+    model, tok, src = load_model_and_tokenizer(
+        args.model, dtype=args.torch_dtype, chat_template=template
+    )
+    try:
+        agent = _eval_agent(run_cfg, tok, model, args.model, None)
+    except (ToolSpecError, ToolFormatError) as e:  # the run's tools cannot be set up here
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model.to(device)
     msgs = [head + [{"role": "user", "content": p}] for p in prompts]
-    ids, mask = tokenize_prompts(tok, render_prompts(tok, msgs), None)
     params = SamplingParams(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         greedy=args.greedy,
     )
-    ro = HFRolloutEngine(model, tok).generate(ids, mask, params, num_generations=args.num_samples)
-    for i, text in enumerate(ro.texts):
+    engine = HFRolloutEngine(model, tok)
+    if agent is not None:  # the run's tool loop: calls executed, results fed back
+        ro = agent.rollout(engine, [{"prompt": m} for m in msgs], args.num_samples, params)
+    else:
+        ids, mask = tokenize_prompts(tok, render_prompts(tok, msgs), None)
+        ro = engine.generate(ids, mask, params, num_generations=args.num_samples)
+    for i, text in enumerate(ro.shown_texts):
         print(
             f"=== prompt {i // args.num_samples + 1}, sample {i % args.num_samples + 1}\n{text}\n"
         )
@@ -486,7 +543,7 @@ def _add_eval_parser(sub) -> None:
     e.add_argument("--task_params", default=None, help="JSON, e.g. '{\"digits\": 2}'")
     e.add_argument("--dataset_name", default=None)
     e.add_argument("--system_prompt", default=None)
-    e.add_argument("--split", default="test")
+    e.add_argument("--split", default=None, help="default: the run's dataset_test_split, else test")
     e.add_argument(
         "--max_eval_samples", type=int, default=None, help="default: the run's, else 200"
     )

@@ -172,3 +172,41 @@ def test_generate_asks_a_trained_model_as_its_run_did(tmp_path, tiny_model_dir, 
     assert seen[-1] == [[question]]
     assert main([*base, "--task", "arithmetic", "--system_prompt", "S"]) == 0
     assert seen[-1] == [[{"role": "system", "content": "S"}, question]]
+
+
+def test_eval_and_generate_of_a_tool_run_call_its_tools(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    """A model trained with tools is evaluated through the run's tool loop and chat
+    template, as the run's own evaluation did (without them every answer of a model that
+    learned to call the calculator is an unanswered <tool_call>)."""
+    import shutil
+
+    import yaml
+
+    model = tmp_path / "final"
+    shutil.copytree(tiny_model_dir, model)
+    run = {"task": "arithmetic", "task_params": {"digits": 1, "test_size": 8, "train_size": 16},
+           "tools": ["calculator"], "chat_template": "chatml_tools",
+           "max_tool_calling_iterations": 1, "max_completion_length": 4}  # fmt: skip
+    (model / "grpokit_config.yaml").write_text(yaml.safe_dump(run))
+    out = tmp_path / "e.json"
+    assert main(["eval", str(model), "--max_eval_samples", "2", "--output", str(out)]) == 0
+    assert "in the run's tool loop (calculator)" in capsys.readouterr().out
+    assert "tool_call_rate" in json.loads(out.read_text())
+    calls = []  # generate runs the same loop: the agent's rollout, not a single generation
+    import grpokit.rollout.agent as agent_mod
+
+    rollout = agent_mod.Agent.rollout
+    monkeypatch.setattr(
+        agent_mod.Agent, "rollout", lambda self, *a, **k: calls.append(1) or rollout(self, *a, **k)
+    )
+    assert main(["generate", str(model), "What is 1 + 1?", "--max_new_tokens", "3"]) == 0
+    assert calls == [1] and "=== prompt 1, sample 1" in capsys.readouterr().out
+    run["tools"] = ["no_such_tool"]
+    (model / "grpokit_config.yaml").write_text(yaml.safe_dump(run))
+    assert main(["eval", str(model), "--max_eval_samples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "no_such_tool" in err and "Traceback" not in err
+    assert main(["generate", str(model), "What is 1 + 1?", "--max_new_tokens", "3"]) == 2
+    assert "no_such_tool" in capsys.readouterr().err
