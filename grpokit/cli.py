@@ -175,8 +175,10 @@ def _eval_models(args: argparse.Namespace) -> list[str]:
 
 
 def _eval_task(args: argparse.Namespace):
-    """The task to evaluate on: --task with its options, else the task of the model's saved
-    run config (or --config's), else gsm8k. Sets ``args.task`` to its name."""
+    """The task to evaluate on: --task with its options, else the task of the last given
+    model's saved run config (or --config's), else gsm8k. Sets ``args.task`` to its name,
+    ``args.run_cfg`` to the run config read ({} with --task) and the eval options not given
+    to the run's (``_eval_settings``)."""
     from grpokit.config import build_config
     from grpokit.setup import build_task
 
