@@ -132,11 +132,11 @@ def _run_config(spec: str | None) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.config import ConfigError
     from grpokit.distributed import resolve_device
     from grpokit.evaluation import format_comparison, save_eval
     from grpokit.models import resolve_model
     from grpokit.rewards import get_reward_funcs
-    from grpokit.tools import ToolFormatError, ToolSpecError
 
     models = _eval_models(args)
     for spec in models:  # a model that cannot load is named before any data loads
@@ -159,7 +159,7 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
                 "model": spec,
                 **_evaluate_model(spec, task, rows, funcs, device, args),
             }
-        except (ToolSpecError, ToolFormatError) as e:  # the run's tools cannot be set up here
+        except ConfigError as e:  # the run's tools cannot be set up here
             print(f"error: {e}", file=sys.stderr)
             return 2
     print(format_comparison(results))
@@ -237,15 +237,11 @@ def _eval_settings(args: argparse.Namespace, run_cfg: dict) -> None:
 def _evaluate_model(spec: str, task, rows: list, funcs: list, device, args) -> dict:
     """Load the model ``spec`` onto ``device`` and evaluate it on ``rows`` of ``task``."""
     from grpokit.evaluation import evaluate
-    from grpokit.models import load_model_and_tokenizer
     from grpokit.rollout.hf import HFRolloutEngine
-    from grpokit.tools.template import named_chat_template
 
     run_cfg = getattr(args, "run_cfg", None) or {}
-    template = named_chat_template(run_cfg.get("chat_template"))  # as the run loaded it
-    model, tok, src = load_model_and_tokenizer(spec, dtype=args.torch_dtype, chat_template=template)
+    model, tok, src, agent = _load_as_run(spec, run_cfg, args.torch_dtype)
     model.to(device)
-    agent = _eval_agent(run_cfg, tok, model, spec, args.max_prompt_length)
     print(
         f"[grpokit] evaluating {src.source} on {len(rows)} {args.task}/{args.split} prompts"
         + (f", in the run's tool loop ({_tool_names(run_cfg)})" if agent else ""),
@@ -271,24 +267,34 @@ def _tool_names(run_cfg: dict) -> str:
     return ", ".join(names + ([f"environment {factory}"] if factory else []))
 
 
-def _eval_agent(run_cfg: dict, tok, model, spec: str, max_prompt_length: int | None):
-    """The run's tool loop when it trained with ``tools`` / ``environment_factory``: a
-    model trained to call a calculator is evaluated calling it, as the run's own evaluation
-    did (without it every answer is an unanswered <tool_call>). None otherwise."""
-    if not run_cfg.get("tools") and not run_cfg.get("environment_factory"):
-        return None
-    from grpokit.rollout.agent import Agent
-    from grpokit.tools import Environments, load_tools
+# what a run's config says about how its model is asked: the chat template and its
+# kwargs, and the tool loop (tools / environment_factory and their settings)
+_RUN_PROMPTING = ("chat_template", "chat_template_kwargs", "tools", "environment_factory",
+                  "max_tool_calling_iterations", "tool_timeout", "prompt_truncation",
+                  "max_prompt_length")  # fmt: skip
 
-    factory = run_cfg.get("environment_factory")
-    return Agent(
-        tok, load_tools(run_cfg.get("tools") or []), Environments(factory) if factory else None,
-        max_iterations=run_cfg.get("max_tool_calling_iterations"),
-        timeout=run_cfg.get("tool_timeout") or 10.0,
-        max_prompt_length=max_prompt_length,
-        prompt_truncation=run_cfg.get("prompt_truncation") or "truncate",
-        model=spec, vocab_size=int(getattr(model.config, "vocab_size", 0)),
-    )  # fmt: skip
+
+def _load_as_run(spec: str, run_cfg: dict, dtype: str):
+    """``(model, tokenizer, source, agent)`` for ``spec`` set up as its run set up the
+    policy: the run's chat template and ``chat_template_kwargs``, and, when it trained with
+    ``tools`` / ``environment_factory``, the run's tool loop (``setup.make_agent``; else
+    None), so a model trained to call a calculator is asked with the calculator at hand.
+    ConfigError (one line) when the run's tools cannot be set up here."""
+    from grpokit import setup
+    from grpokit.config import build_config
+    from grpokit.models import load_model_and_tokenizer
+    from grpokit.prompts import bind_chat_template_kwargs
+    from grpokit.tools.template import named_chat_template
+
+    values = {k: run_cfg[k] for k in _RUN_PROMPTING if k in run_cfg}
+    cfg = build_config(values, source=f"the run's config ({run_cfg.get('_path')})")
+    template = named_chat_template(cfg.chat_template)
+    model, tok, src = load_model_and_tokenizer(spec, dtype=dtype, chat_template=template)
+    bind_chat_template_kwargs(tok, cfg.chat_template_kwargs)
+    agent = None
+    if cfg.tools or cfg.environment_factory is not None:
+        agent = setup.make_agent(cfg, tok, model, setup.build_environments(cfg), spec)
+    return model, tok, src, agent
 
 
 def _generate_prompt_head(args: argparse.Namespace) -> tuple[list[dict[str, str]], dict]:
@@ -321,13 +327,11 @@ def _generate_prompt_head(args: argparse.Namespace) -> tuple[list[dict[str, str]
 
 
 def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
+    from grpokit.config import ConfigError
     from grpokit.distributed import resolve_device
-    from grpokit.models import load_model_and_tokenizer
     from grpokit.prompts import render_prompts, tokenize_prompts
     from grpokit.rollout.base import SamplingParams
     from grpokit.rollout.hf import HFRolloutEngine
-    from grpokit.tools import ToolFormatError, ToolSpecError
-    from grpokit.tools.template import named_chat_template
 
     prompts = list(args.prompts)
     if args.file:
@@ -341,13 +345,9 @@ def cmd_generate(args: argparse.Namespace, rest: list[str]) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    template = named_chat_template(run_cfg.get("chat_template"))  # as the run loaded it
-    model, tok, src = load_model_and_tokenizer(
-        args.model, dtype=args.torch_dtype, chat_template=template
-    )
     try:
-        agent = _eval_agent(run_cfg, tok, model, args.model, None)
-    except (ToolSpecError, ToolFormatError) as e:  # the run's tools cannot be set up here
+        model, tok, src, agent = _load_as_run(args.model, run_cfg, args.torch_dtype)
+    except ConfigError as e:  # the run's tools cannot be set up here
         print(f"error: {e}", file=sys.stderr)
         return 2
     model.to(device)

@@ -137,7 +137,7 @@ def build_rewards(cfg: GRPOConfig, task, device: torch.device | None = None) -> 
             f"{len(weights)} reward_weights for {len(funcs)} reward_funcs (the task's defaults "
             "when reward_funcs is unset); give one weight per function"
         )
-    envs = _environments(cfg)
+    envs = build_environments(cfg)
     if envs is not None and envs.reward_function() is not None:  # TRL: weight 1, its class name
         funcs, weights = [*funcs, envs.reward_function()], [*weights, 1.0]
     return Rewards(
@@ -155,7 +155,8 @@ def load_agent_tools(cfg: GRPOConfig) -> list:
         raise ConfigError(str(e)) from None
 
 
-def _environments(cfg: GRPOConfig):
+def build_environments(cfg: GRPOConfig):
+    """The recipe's ``environment_factory`` environments, or None."""
     if cfg.environment_factory is None:
         return None
     from grpokit.tools import Environments, ToolSpecError
@@ -171,21 +172,27 @@ def build_agent(cfg: GRPOConfig, m: Models, rewards: Rewards, rows: Sequence):
     environment_factory, else None. The chat template must have a tool format."""
     if not cfg.tools and cfg.environment_factory is None:
         return None
-    from grpokit.rollout.agent import Agent
-    from grpokit.tools import ToolFormatError
-
     if len(rows) and isinstance(rows[0]["prompt"], str):
         raise ConfigError(
             f"tools / environment_factory need chat prompts (messages); task {cfg.task!r} "
             "gives plain strings"
         )
+    return make_agent(cfg, m.tokenizer, m.model, rewards.environments, cfg.model_name_or_path)
+
+
+def make_agent(cfg: GRPOConfig, tokenizer, model, environments, model_name: str):
+    """The ``Agent`` of ``cfg``'s tools and tool settings over ``environments`` (the
+    trainer's, or ``build_environments(cfg)`` for an evaluation); one-line ConfigErrors."""
+    from grpokit.rollout.agent import Agent
+    from grpokit.tools import ToolFormatError
+
     try:
         return Agent(
-            m.tokenizer, load_agent_tools(cfg), rewards.environments,
+            tokenizer, load_agent_tools(cfg), environments,
             max_iterations=cfg.max_tool_calling_iterations,
             timeout=cfg.tool_timeout,
             max_prompt_length=cfg.max_prompt_length, prompt_truncation=cfg.prompt_truncation,
-            model=cfg.model_name_or_path, vocab_size=int(getattr(m.model.config, "vocab_size", 0)),
+            model=model_name, vocab_size=int(getattr(model.config, "vocab_size", 0)),
         )  # fmt: skip
     except ToolFormatError as e:
         raise ConfigError(str(e)) from None

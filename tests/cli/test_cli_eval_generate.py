@@ -157,9 +157,14 @@ def test_generate_asks_a_trained_model_as_its_run_did(tmp_path, tiny_model_dir, 
     demos = [{"role": "user", "content": "What is 1 + 2?"},
              {"role": "assistant", "content": "<answer>3</answer>"}]  # fmt: skip
     run = {"task": "arithmetic", "system_prompt": "Be brief.",
-           "task_params": {"demonstrations": demos}}  # fmt: skip
+           "task_params": {"demonstrations": demos},
+           "chat_template_kwargs": {"enable_thinking": False}}  # fmt: skip
     (model / "grpokit_config.yaml").write_text(yaml.safe_dump(run))
-    seen = []
+    seen, bound = [], []
+    bind = grpokit.prompts.bind_chat_template_kwargs
+    monkeypatch.setattr(
+        grpokit.prompts, "bind_chat_template_kwargs", lambda t, kw: bound.append(kw) or bind(t, kw)
+    )
     render = grpokit.prompts.render_prompts
     monkeypatch.setattr(
         grpokit.prompts, "render_prompts", lambda t, m: seen.append(m) or render(t, m)
@@ -168,6 +173,7 @@ def test_generate_asks_a_trained_model_as_its_run_did(tmp_path, tiny_model_dir, 
     question = {"role": "user", "content": "What is 4 + 4?"}
     assert main(base) == 0
     assert seen[-1] == [[{"role": "system", "content": "Be brief."}, *demos, question]]
+    assert bound == [{"enable_thinking": False}]  # the run's chat_template_kwargs, as it rendered
     assert main([*base, "--plain"]) == 0
     assert seen[-1] == [[question]]
     assert main([*base, "--task", "arithmetic", "--system_prompt", "S"]) == 0
