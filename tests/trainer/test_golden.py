@@ -1,8 +1,8 @@
 """Golden runs (torchtune's recipe tests, for GRPO): every logged number of 5-step runs of the
 tiny model, per loss type and variant, against the files in tests/trainer/golden/ (written
 before the trainer was split into rooms; ``python tests/trainer/golden_runs.py check --exact``
-compares bit for bit on the machine that wrote them). Here: float32 tolerance, so a CPU with
-other kernels passes while a change of behaviour fails."""
+compares bit for bit on the machine that wrote them). Here: float32 tolerance (bf16 runs: a
+bf16 one), so a CPU with other kernels passes while a change of behaviour fails."""
 
 import json
 import sys
@@ -19,7 +19,12 @@ def test_golden_run(name, tmp_path, tiny_model_dir):
     want = json.loads(golden_path(name).read_text())
     got = run_tiny(name, tiny_model_dir, tmp_path / name)
     assert len(got["metrics"]) == 5 + (name == "full_sync_ref")
-    problems = diff(want, got, exact=False)
+    # A bf16 run rounds its products to 8 significant bits, and CPUs round them differently:
+    # on an AMD EPYC with native AVX512-BF16 (family 26 model 2) one gradient norm moved by
+    # 1.7e-4 relative (0.518402 -> 0.518488), everything else within 1e-4. 1e-3 still fails
+    # a changed behaviour: a token sampled differently moves rewards and lengths far more.
+    rtol = 1e-3 if TINY_RUNS[name].get("bf16") else 1e-4
+    problems = diff(want, got, exact=False, rtol=rtol)
     assert not problems, "\n".join(problems[:20])
 
 
