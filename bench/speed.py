@@ -5,6 +5,7 @@
     python bench/speed.py --forced_length       # every completion runs to max_completion_length
     python bench/speed.py --configs a --rounds 4 --skip_check
     python bench/speed.py --forced_length --fp32 --profile   # + where each phase's time goes
+    python bench/speed.py --forced_length --configs a --profile shapes --skip_check --sides grpokit
     python bench/speed.py --sweep 64,128,256,512 --forced_length --skip_check  # grpokit only
     python bench/speed.py --sweep 1024,2048 --forced_length --skip_check --fp32 --rounds 0 \
         --sides grpokit                         # one step per length: its peak RSS only
@@ -260,6 +261,7 @@ def child_grpokit(spec: dict) -> dict:
     step_rss: list[float] = []  # VmRSS after each optimizer step: where the heap still grows
     trainer.optimizer_step = _after(trainer.optimizer_step, lambda: step_rss.append(_vm("VmRSS")))
     profile: dict = {}
+    calls: dict = {}  # with --profile shapes: how many times each (operation, shapes) ran
     before: dict = {}  # peak RSS before the profiled round: the profiler's records are not the run's
     if spec.get("profile"):  # the last round runs under torch.profiler and is not timed
 
@@ -268,10 +270,11 @@ def child_grpokit(spec: dict) -> dict:
                 before["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
             return trainer.step >= last
 
-        trainer.engine.generate = _profiled(trainer.engine.generate, "generation", profile, due)
+        sh = calls if spec["profile"] == "shapes" else None
+        trainer.engine.generate = _profiled(trainer.engine.generate, "generation", profile, due, sh)
         ref = trainer.reference
-        ref.logps = _profiled(ref.logps, "reference", profile, due)
-        trainer.optimizer_step = _profiled(trainer.optimizer_step, "training", profile, due)
+        ref.logps = _profiled(ref.logps, "reference", profile, due, sh)
+        trainer.optimizer_step = _profiled(trainer.optimizer_step, "training", profile, due, sh)
     dt = "bf16" if spec["bf16"] else "fp32"
     setup = time.time() - t0
     trainer.train()
@@ -317,6 +320,7 @@ def child_grpokit(spec: dict) -> dict:
         "model_gemm_gflops": _model_gemm_gflops(trainer.model.config, dt),
         "read_gbps": _read_gbps(),
         "profile": profile,
+        "profile_calls": calls,
         "rss_before_profile_gb": before.get("rss"),
         "phase_peak_gb": peaks,
         "step_rss_gb": step_rss,
@@ -337,39 +341,49 @@ PRODUCTS = (
 )
 
 
-def _profiled(fn, name: str, store: dict, due):
+def _profiled(fn, name: str, store: dict, due, shapes: dict | None = None):
     """``fn`` run under ``torch.profiler`` when ``due()``: its operations by self CPU time
-    (summed over every call of the profiled round) go to ``store[name]``."""
+    (summed over every call of the profiled round) go to ``store[name]``. Given a ``shapes``
+    dict, each operation is split by its input shapes (which product, which cast) and
+    ``shapes[name]`` counts how many times each ran."""
     import torch
 
     def wrapper(*a, **k):
         if not due():
             return fn(*a, **k)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        cpu = [torch.profiler.ProfilerActivity.CPU]
+        by_shape = shapes is not None
+        with torch.profiler.profile(activities=cpu, record_shapes=by_shape) as prof:
             out = fn(*a, **k)
         ops = store.setdefault(name, {})
-        for e in prof.key_averages():
+        n = {} if shapes is None else shapes.setdefault(name, {})
+        for e in prof.key_averages(group_by_input_shape=by_shape):
             if e.self_cpu_time_total > 0:
-                ops[e.key] = ops.get(e.key, 0.0) + e.self_cpu_time_total / 1e6
+                key = f"{e.key} {e.input_shapes}" if by_shape else e.key
+                ops[key] = ops.get(key, 0.0) + e.self_cpu_time_total / 1e6
+                n[key] = n.get(key, 0) + e.count
         return out
 
     return wrapper
 
 
-def profile_table(profile: dict, top: int = 12) -> str:
-    """Each profiled phase's operations by self time: seconds, share, and the products' share."""
+def profile_table(profile: dict, top: int = 12, calls: dict | None = None) -> str:
+    """Each profiled phase's operations by self time: seconds, share, and the products' share;
+    with ``calls`` (``--profile shapes``) also how many times each ran."""
     lines = []
     for phase, ops in profile.items():
         total = sum(ops.values())
         prod = sum(v for k, v in ops.items() if k.startswith(PRODUCTS))
+        n = (calls or {}).get(phase)
         lines += [
             f"\n{phase}: {total:.2f} s of operations, matrix products {prod / total:.0%}",
             "",
-            "| operation | self s | share |",
-            "| --- | ---: | ---: |",
+            "| operation | self s | share |" + (" calls |" if n else ""),
+            "| --- | ---: | ---: |" + (" ---: |" if n else ""),
         ]
         for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:top]:
-            lines.append(f"| `{k}` | {v:.2f} | {v / total:.1%} |")
+            tail = f" {n.get(k, 0)} |" if n else ""
+            lines.append(f"| `{k}` | {v:.2f} | {v / total:.1%} |{tail}")
     return "\n".join(lines)
 
 
@@ -1074,9 +1088,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--profile",
-        action="store_true",
+        nargs="?",
+        const="ops",
+        choices=["ops", "shapes"],
         help="grpokit runs one more round under torch.profiler (not timed) and prints each "
-        "phase's operations by self time",
+        "phase's operations by self time; '--profile shapes' splits each operation by its "
+        "input shapes",
     )
     ap.add_argument("--output_dir", default="outputs/bench-speed")
     ap.add_argument(
@@ -1178,7 +1195,7 @@ def main() -> int:
             t0 = time.time()
             side_spec = dict(spec, output_dir=str(sd), vllm_mode=VLLM_SIDES.get(side))
             if a.profile and side == "grpokit":
-                side_spec.update(profile=True, steps=spec["steps"] + mu)
+                side_spec.update(profile=a.profile, steps=spec["steps"] + mu)
             server = None
             if side == "vllm-server":
                 server = VLLMServer(a.model, "bfloat16" if spec["bf16"] else "float32", work)
@@ -1223,7 +1240,9 @@ def main() -> int:
         print("\n" + format_table(name, c["label"], rows) + "\n", flush=True)
         if rows.get("grpokit", {}).get("profile"):
             print(f"({name}) grpokit, one round under torch.profiler (not timed):")
-            print(profile_table(rows["grpokit"]["profile"]) + "\n", flush=True)
+            g = rows["grpokit"]
+            top = 25 if a.profile == "shapes" else 12
+            print(profile_table(g["profile"], top, g.get("profile_calls")) + "\n", flush=True)
         (out / "speed.json").write_text(json.dumps(report, indent=1))
     print(f"results: {out / 'speed.json'}")
     return 0

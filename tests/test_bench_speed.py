@@ -55,3 +55,26 @@ def test_summary_reports_the_ratio_to_the_limit():
     assert sm["limit_step"] == pytest.approx(lim["step"])
     assert sm["of_limit"] == pytest.approx(1.0 / lim["step"])
     assert sm["read_gbps"] == 1.0
+
+
+def test_profile_by_shapes_names_each_product_by_its_operands_and_counts_it():
+    import torch
+
+    a, b = torch.ones(32, 48), torch.ones(48, 16)
+    for calls, want in ((None, "aten::mm"), ({}, "aten::mm [[32, 48], [48, 16]]")):
+        store: dict = {}
+        fn = speed._profiled(lambda: torch.mm(a, b), "training", store, lambda: True, calls)
+        assert fn().shape == (32, 16)
+        fn()  # two profiled calls: their times and counts add up
+        assert want in store["training"], sorted(store["training"])
+        table = speed.profile_table(store, 3, calls)
+        assert "matrix products" in table and f"`{want}`" in table
+        if calls is not None:
+            assert calls["training"][want] == 2
+            assert f"`{want}` | " in table and table.split(f"`{want}`")[1].split("\n")[0].endswith(
+                " 2 |"
+            )
+    store = {}
+    skipped = speed._profiled(lambda: torch.mm(a, b), "training", store, lambda: False, {})
+    skipped()
+    assert store == {}  # not due: run as is, nothing recorded
