@@ -4,6 +4,7 @@
     python bench/memory_profile.py --model tiny --lengths 512,2048   # the tests' tiny model
     python bench/memory_profile.py --lengths 1024 --max_micro_batch_tokens 0   # no token bound
     python bench/memory_profile.py --lengths 128 --lora --generate  # configuration (c)
+    python bench/memory_profile.py --lengths 128 --generate --bf16  # (a) as bench/speed.py runs it
 
 Each length runs in its own subprocess (its peak RSS is the child's ``ru_maxrss``): the speed
 bench's configuration (a) in float32 (4 prompts x G=8, micro-batch 16 x accumulation 2, beta
@@ -95,7 +96,7 @@ def child(spec: dict) -> dict:
         loss_type="dapo",
         learning_rate=1e-5,
         lr_scheduler_type="constant",
-        bf16=False,
+        bf16=spec.get("bf16", False),
         gradient_checkpointing=spec["gradient_checkpointing"],
         max_steps=1,
         seed=42,
@@ -166,6 +167,7 @@ def main() -> int:
     ap.add_argument("--lengths", default="256,512,1024")
     ap.add_argument("--generate", action="store_true", help="decode for real (EOS masked)")
     ap.add_argument("--gradient_checkpointing", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (default: float32)")
     ap.add_argument(
         "--lora", action="store_true", help="configuration (c): LoRA r 16, alpha 32, dropout 0.05"
     )
@@ -194,6 +196,7 @@ def main() -> int:
             "length": L,
             "generate": a.generate,
             "gradient_checkpointing": a.gradient_checkpointing,
+            "bf16": a.bf16,
             "lora": a.lora,
             "max_micro_batch_tokens": a.max_micro_batch_tokens,
             "micro_batches": a.micro_batches,

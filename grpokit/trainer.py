@@ -181,7 +181,7 @@ class GRPOTrainer:
         """Sample and score a generation batch (dynamic sampling: ``grpokit.dynamic``), compute
         advantages and reference log-probs: the round's batch, metrics, completions table."""
         c, G = self.cfg, self.cfg.num_generations
-        with keep_decoders():  # weights packed for decoding once for all the batches
+        with keep_decoders(), self.engine.rollout_phase():  # packed once for all batches
             w, pad = self.rewards.weights, self.tokenizer.pad_token_id or 0
             if c.dynamic_sampling:
                 g, extra = fill_batch(self._generate_groups, w, G, self.data.call_sizes, pad)

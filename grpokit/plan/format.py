@@ -49,7 +49,6 @@ def format_plan(plan: Plan, cfg: GRPOConfig) -> str:
         f"  process baseline (python, torch)       {_gb(m['baseline'])}",
         f"  weights                                {_gb(m['weights'])}",
         f"  reference model                        {_gb(m['reference'])}",
-        f"  sampling copy of the weights (whole)   {_gb(m['sampling_copy'])}",
         f"  {'AdamW states (' + cfg.optim + ')':<39}{_gb(m['optimizer'])}",
         f"  {'fp32 master weights':<39}{_gb(m['master_weights'])}",
         f"  gradients                              {_gb(m['gradients'])}",
@@ -60,6 +59,7 @@ def format_plan(plan: Plan, cfg: GRPOConfig) -> str:
         f"  logits + log-softmax                   {_gb(m['logits'])}",
         f"  {'KV cache, ' + str(m['generation_batch']) + ' sequences':<39}{_gb(m['kv_cache'])}",
         f"  sampling temporaries                   {_gb(m['generation_temporaries'])}",
+        f"  sampling copy of the weights (whole)   {_gb(m['sampling_copy'])}",
         f"  peak = static + max(training {m['training_phase'] / GB:.2f}, generation "
         f"{m['generation_phase'] / GB:.2f})",
         f"  ESTIMATED PEAK                         {_gb(m['peak'])}"

@@ -129,7 +129,8 @@ def optimizer_bytes_per_param(cfg: GRPOConfig) -> float:
 
 def sampling_copy_bytes(cfg: GRPOConfig, params: int, wb: int, zero_stage: int) -> int:
     """bf16 full fine-tuning samples from a bf16 copy of the weights (rollout/hf.py); with
-    sharded weights (ZeRO-3, FSDP) sampling always uses a whole, unsharded copy."""
+    sharded weights (ZeRO-3, FSDP) sampling always uses a whole, unsharded copy. Either is
+    held during generation only."""
     if zero_stage >= 3 and not cfg.use_peft:
         return params * (2 if cfg.bf16 else wb)
     if cfg.bf16 and cfg.bf16_sampling_copy and not cfg.use_peft:
@@ -147,11 +148,12 @@ def estimate_memory(
 ) -> dict[str, Any]:
     """Bytes per device, by component. ``prompt_length`` defaults to max_prompt_length.
 
-    peak = baseline + weights + reference + sampling copy + optimizer + master weights
+    peak = baseline + weights + reference + optimizer + master weights
            + max(training phase, generation phase)
     training phase = gradients + autocast weight copies + activations of one micro-batch
-    generation phase = KV cache + sampling temporaries
-    (gradients are freed after each optimizer step, so they do not meet the KV cache).
+    generation phase = KV cache + sampling temporaries + the bf16 sampling copy
+    (gradients are freed after each optimizer step, so they do not meet the KV cache; the
+    sampling copy's weights are freed after each round's generation, ``rollout/hf.py``).
     ZeRO-1 shards the optimizer states over processes, ZeRO-2 also the gradients, ZeRO-3
     also the weights (policy and reference).
     """
@@ -197,9 +199,9 @@ def estimate_memory(
 def _with_peak(out: dict[str, Any]) -> dict[str, Any]:
     """Add the two phases and the peak to the components of ``estimate_memory``."""
     train = out["gradients"] + out["autocast_weights"] + out["activations"] + out["logits"]
-    gen = out["kv_cache"] + out["generation_temporaries"]
+    gen = out["kv_cache"] + out["generation_temporaries"] + out["sampling_copy"]
     out["training_phase"] = train
     out["generation_phase"] = gen
-    static = ("baseline", "weights", "reference", "sampling_copy", "optimizer", "master_weights")
+    static = ("baseline", "weights", "reference", "optimizer", "master_weights")
     out["peak"] = sum(out[k] for k in static) + max(train, gen)
     return out

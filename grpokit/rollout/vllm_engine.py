@@ -28,6 +28,7 @@ as one process makes) and each process takes its own slice: a 2-process run samp
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -314,6 +315,12 @@ class VLLMColocateEngine:
     def weights_updated(self) -> None:
         self._stale = True
 
+    @contextlib.contextmanager
+    def rollout_phase(self):
+        """A round's generation batches: nothing to free after them (with
+        ``vllm_enable_sleep_mode`` vLLM sleeps after each generation)."""
+        yield
+
     def sync_weights(self) -> None:
         """Reload this process's engine (every process its own; under sharding every process
         takes part in the gather)."""
@@ -551,6 +558,12 @@ class VLLMServerEngine:
 
     def build_copy(self, dtype) -> None:
         """Sharded training: no sampling copy is kept; each push gathers the weights."""
+
+    @contextlib.contextmanager
+    def rollout_phase(self):
+        """A round's generation batches: nothing to free after them (the server holds the
+        sampling weights)."""
+        yield
 
     def sync_weights(self) -> None:
         """Rank 0 pushes the weights; every process then learns the outcome (a collective

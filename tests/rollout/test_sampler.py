@@ -232,6 +232,41 @@ def test_bf16_sampling_copy_follows_the_policy(tiny_model_dir):
     assert same() and eng.sampling_copy is copy_model  # refreshed in place, no new copy
 
 
+def test_bf16_sampling_copy_is_freed_between_rollout_phases(tiny_model_dir):
+    """After a round's generation (``rollout_phase``) the copy holds no weights through the
+    training passes; the next generate allocates and refreshes them: same samples, same object,
+    tied weights still one tensor."""
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.hf import HFRolloutEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, mask = _prompts(tok)
+    eng = HFRolloutEngine(model, tok, sampling_dtype=torch.bfloat16)
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    with eng.rollout_phase():
+        first = eng.generate(ids, mask, params).completion_ids
+        again = eng.generate(ids, mask, params).completion_ids  # inside: kept
+    copy_model = eng.sampling_copy
+    assert torch.equal(first, again)
+    assert sum(p.numel() for p in copy_model.parameters()) == 0  # released
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))  # an update: the refresh must follow it
+    eng.weights_updated()
+    after = eng.generate(ids, mask, params).completion_ids
+    assert eng.sampling_copy is copy_model
+    assert all(
+        torch.equal(c, p.detach().to(torch.bfloat16))
+        for c, p in zip(copy_model.parameters(), model.parameters())
+    )
+    inner = copy_model.get_base_model() if hasattr(copy_model, "get_base_model") else copy_model
+    if model.config.tie_word_embeddings:
+        assert inner.lm_head.weight is inner.get_input_embeddings().weight
+    fresh = HFRolloutEngine(model, tok, sampling_dtype=torch.bfloat16)
+    assert torch.equal(after, fresh.generate(ids, mask, params).completion_ids)
+
+
 def test_min_new_tokens_masks_eos(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
