@@ -39,6 +39,17 @@ def _chunk_tokens(vocab: int, budget_bytes: int = 1 << 27) -> int:
     return max(16, budget_bytes // (4 * max(vocab, 1)))
 
 
+# The forward's chunks when the products run in bf16/fp16: a quarter of the 128 MiB block.
+# Its float32 passes (upcast, log-softmax, gather, exp) then work on blocks that stay in
+# cache, and its three work buffers take 80 MiB instead of 320 at the training step's memory
+# peak. Measured (AMD EPYC family 26 model 2, AVX512-BF16, 2 threads, 2,728 tokens x 49,152
+# vocab x 576, the same values bit for bit): no-grad forward 0.38 -> 0.28 s, forward and
+# kept-softmax backward 1.05-1.07 -> 0.91-0.94 s. Not for float32 products (sgemm wants the
+# larger blocks: forward and backward 3.5 -> 4.1 s at a quarter) nor for the backward that
+# recomputes logits chunk by chunk (an entropy gradient: 1.58 -> 1.98 s at a quarter).
+LOW_PRECISION_FORWARD_BUDGET = 1 << 25
+
+
 class _LinearLogProbs(torch.autograd.Function):
     """Log-probs of ``targets`` under ``softmax((hidden @ weight.T + bias) / temperature)``,
     token chunk by token chunk, never holding the (N, V) float32 logits. For the backward it
@@ -50,7 +61,7 @@ class _LinearLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, inv_temp, cdtype, chunk, with_entropy,
-                keep_bytes, entropy_grad=False):  # fmt: skip
+                keep_bytes, entropy_grad=False, fwd_chunk=None):  # fmt: skip
         N, V = hidden.shape[0], weight.shape[0]
         dev = hidden.device
         logp = torch.empty(N, dtype=torch.float32, device=dev)
@@ -62,7 +73,8 @@ class _LinearLogProbs(torch.autograd.Function):
         # Work buffers of one fixed size, (chunk, V), whatever N is: allocations of varying
         # size fragment a heap that is never trimmed (./run's malloc settings), and the
         # process grew by ~0.1 GB a step that way.
-        rows = min(chunk, N)
+        step = fwd_chunk or chunk
+        rows = min(step, N)
         bufs = (
             torch.empty(rows, V, dtype=torch.float32, device=dev),  # logits, then softmax
             torch.empty(rows, V, dtype=torch.float32, device=dev),  # log-softmax
@@ -74,8 +86,8 @@ class _LinearLogProbs(torch.autograd.Function):
         with torch.autocast(dev.type, enabled=False):
             w = weight.to(cdtype)
             b = None if bias is None else bias.to(cdtype)
-            for s in range(0, N, chunk):
-                e = min(N, s + chunk)
+            for s in range(0, N, step):
+                e = min(N, s + step)
                 p = _chunk_forward(hidden[s:e].to(cdtype), w, b, targets[s:e], inv_temp, bufs,
                                    logp[s:e], lse[s:e], ent[s:e] if with_entropy else None,
                                    keep)  # fmt: skip
@@ -152,7 +164,7 @@ class _LinearLogProbs(torch.autograd.Function):
                     g_b.add_(grad.float().sum(0))
         g_w = None if g_w is None else g_w.to(ctx.w_dtype)
         g_b = None if g_b is None else g_b.to(ctx.b_dtype)
-        return g_h, g_w, g_b, None, None, None, None, None, None, None
+        return g_h, g_w, g_b, None, None, None, None, None, None, None, None
 
 
 def _chunk_forward(h, w, b, targets, inv_temp, bufs, logp, lse, ent, want_probs):
@@ -205,7 +217,7 @@ def _backward_kept(ctx, hidden, w, targets, logp, probs, g_logp):
                 g_b = (q.t() @ neg_g.to(cdtype)).to(ctx.b_dtype)
         finally:
             q[at] = kept
-    return g_h, g_w, g_b, None, None, None, None, None, None, None
+    return g_h, g_w, g_b, None, None, None, None, None, None, None, None
 
 
 def _linear_into(x, w, b, out, low, scale: float = 1.0):
@@ -261,6 +273,9 @@ def linear_logprobs(
     """
     cd = compute_dtype or weight.dtype
     chunk = chunk_tokens or _chunk_tokens(weight.shape[0])
+    fwd_chunk = chunk
+    if not chunk_tokens and cd != torch.float32:
+        fwd_chunk = _chunk_tokens(weight.shape[0], LOW_PRECISION_FORWARD_BUDGET)
     logp, ent = _LinearLogProbs.apply(
         hidden,
         weight,
@@ -272,5 +287,6 @@ def linear_logprobs(
         with_entropy,
         keep_bytes,
         entropy_grad,
+        fwd_chunk,
     )
     return logp, (ent if with_entropy else None)

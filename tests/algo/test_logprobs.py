@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from grpokit.algo import entropy_from_logits, selective_log_softmax
@@ -180,3 +181,28 @@ def test_linear_logprobs_entropy_gradient_matches_naive():
     # without entropy_grad the entropies are detached values
     _, ent5 = linear_logprobs(hidden.requires_grad_(), weight, targets, with_entropy=True)
     assert not ent5.requires_grad
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_low_precision_forward_chunks_change_no_value(monkeypatch, entropy_grad):
+    """bf16 products run the forward in smaller chunks than the backward (cache-sized
+    blocks, LOW_PRECISION_FORWARD_BUDGET): log-probs, entropies and gradients are the same,
+    bit for bit, as one chunk over every token."""
+    import grpokit.algo.logprobs as mod
+
+    g = torch.Generator().manual_seed(5)
+    N, H, V = 37, 16, 300
+    h0, w0 = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g) * 0.3
+    t = torch.randint(0, V, (N,), generator=g)
+    monkeypatch.setattr(mod, "LOW_PRECISION_FORWARD_BUDGET", 4 * V * 5)  # 16 a chunk (floor)
+    outs = []
+    for chunk in (None, N):  # None: the rule (16-token forward chunks); N: one chunk
+        h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+        lp, ent = mod.linear_logprobs(
+            h, w, t, compute_dtype=torch.bfloat16, chunk_tokens=chunk, with_entropy=True,
+            entropy_grad=entropy_grad,
+        )  # fmt: skip
+        loss = lp.sum() + (0.1 * ent.sum() if entropy_grad else 0.0)
+        outs.append((lp.detach(), ent.detach(), *torch.autograd.grad(loss, (h, w))))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
