@@ -65,7 +65,7 @@ class HFRolloutEngine:
         self.sampling_dtype = sampling_dtype
         self._copy = None
         self._stale = True
-        self._shapes = None  # while released (``before_training``): each weight's shape
+        self._shapes = None  # while released (``rollout_phase``): each weight's shape
         # sharded training: a callable yielding the policy's whole parameters in
         # ``model.parameters()`` order (gathered; every rank refreshes at the same point)
         self.full_params = None
@@ -91,8 +91,9 @@ class HFRolloutEngine:
     def rollout_phase(self):
         """A round's generation batches (the trainer's): when they end, the copy's weights are
         freed until the next ``generate``. The update makes them stale anyway, and holding them
-        through the reference and training passes raised the step's peak memory by their size
-        (SmolLM2-135M in bf16: 0.27 GB). The next ``generate`` allocates them again (from the
+        through the reference and training passes added them to the step's memory peak
+        (SmolLM2-135M in bf16: 0.27 GB of weights; bench/speed.py's peak RSS for config (a)
+        fell 0.1-0.2 GB, docs/speed.md). The next ``generate`` allocates them again (from the
         heap's freed blocks) and refreshes them, the copy it makes after every update anyway;
         the model object stays the same."""
         try:
