@@ -30,6 +30,7 @@ from grpokit.speed.prefix import (
     split_prefix,
     window_allows,
 )
+from grpokit.speed.weights import head_weight_arriving_last
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
@@ -148,6 +149,7 @@ class LogProbs:
         p_ids, p_mask = p_ids[:, P - pk :], p_mask[:, P - pk :]
         c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
         head = fused_head(model) if self.fused else None
+        head_w = None if head is None else head_weight_arriving_last(model, head[1].weight)
         shared = None
         if self.share_prompts and not is_checkpointing(model):  # (no KV cache when checkpointed)
             shared = shared_prompts(p_ids, p_mask)
@@ -167,7 +169,7 @@ class LogProbs:
                 out = self._forward_rows(model, head, p_ids, p_mask, c_ids, c_mask)
         if head is None:
             return self._from_logits(out, c_ids, c_mask, C, with_entropy)
-        return self._from_hidden(out, head[1], c_ids, c_mask, C, with_entropy)
+        return self._from_hidden(out, head[1], head_w, c_ids, c_mask, C, with_entropy)
 
     @torch.no_grad()
     def no_grad(self, model, ro: Rollout, micro_batches) -> torch.Tensor:
@@ -269,14 +271,16 @@ class LogProbs:
             ent = entropy_from_logits(logits if self.entropy_grad else logits.detach()) * c_mask
         return pad_cols(logp, C), (None if ent is None else pad_cols(ent, C))
 
-    def _from_hidden(self, hs, lm_head, c_ids, c_mask, C: int, with_entropy: bool):
-        """The fused head over the completion tokens only, scattered back to (n, C)."""
+    def _from_hidden(self, hs, lm_head, weight, c_ids, c_mask, C: int, with_entropy: bool):
+        """The fused head (``weight``: ``lm_head``'s, or its alias that
+        ``head_weight_arriving_last`` made) over the completion tokens only, scattered back
+        to (n, C)."""
         n, ck = c_ids.shape
         sel = c_mask.bool()
         fp32 = isinstance(lm_head, Float32Head)  # cast_lm_head_to_fp32
         lp, ent = linear_logprobs(
             hs[sel].float() if fp32 else hs[sel],  # (tokens, H)
-            lm_head.weight,
+            weight,
             c_ids[sel],
             bias=lm_head.bias,
             temperature=self.temperature,

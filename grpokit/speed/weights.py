@@ -25,6 +25,43 @@ def sparse_tied_embedding_grad(model) -> bool:
     return True
 
 
+class _ArriveLast(torch.autograd.Function):
+    """The identity, as an autograd node made before the forward's lookups (see
+    ``head_weight_arriving_last``)."""
+
+    @staticmethod
+    def forward(ctx, weight):
+        return weight.view_as(weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def head_weight_arriving_last(model, weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (the output head's), routed so that its dense gradient reaches the
+    parameter after the sparse gradients of the tied embedding's lookups
+    (``sparse_tied_embedding_grad``). Call it before the forward that does the lookups.
+
+    Why: autograd sums the gradients a parameter gets in one backward before accumulating
+    them, and adds a sparse gradient into a dense one it already holds out of place: the
+    dense (V, H) tensor copied into a fresh one, per lookup (measured in the training step
+    of ``bench/speed.py`` config (a), three lookups a micro-batch with the shared-prompt
+    forward: 130-160 ms each, 1.2-1.4 s of a 7.2 s training phase). The other way round
+    (the sparse parts first, the dense one last) it adds them into the dense gradient in
+    place. The backward runs its ready nodes newest first, so a node made before the
+    lookups runs after them: the head's gradient passes through this one. Same values up to
+    the order of the float sums; where the order cannot be had (the engine changes) the
+    sum is the out-of-place one as before. Returns ``weight`` itself when the lookups are
+    not sparse, the weight is not tied or no gradient is being recorded."""
+    emb = model.get_input_embeddings()
+    if not (torch.is_grad_enabled() and weight.requires_grad and getattr(emb, "sparse", False)):
+        return weight
+    if getattr(emb, "weight", None) is not weight:
+        return weight
+    return _ArriveLast.apply(weight)
+
+
 def lower_frozen_linears(model, dtype: torch.dtype) -> int:
     """Store the weights of ``model``'s plain ``nn.Linear`` layers (the output head included,
     untied from a float32 input embedding, which stays as it is) in ``dtype``.

@@ -308,3 +308,44 @@ def test_tied_embedding_sparse_lookup_gradient(tmp_path, tiny_model_dir, fused):
     torch.testing.assert_close(grads[True], grads[False], atol=1e-6, rtol=1e-6)
     lora = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "lora", use_peft=True, lora_r=4))
     assert not lora.model.get_input_embeddings().sparse  # frozen: left alone
+
+
+def test_tied_head_gradient_takes_the_lookups_sparse_gradients_in_place(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """With the fused head the head's dense gradient reaches the tied weight after the
+    lookups' sparse ones (``head_weight_arriving_last``), and autograd adds those into it in
+    place: no out-of-place dense + sparse (V, H) sum, each a copy of the whole gradient. Two
+    prompts each shared by three rows: the shared-prompt forward looks up twice."""
+    import grpokit.forward as forward
+
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run"))
+    w = tr.model.get_input_embeddings().weight
+    ro = _rollout(tr)
+    pick = torch.tensor([0, 0, 0, 2, 2, 2])  # rows 0 and 2's prompts, three rows each
+    ro = Rollout(ro.prompt_ids[pick], ro.prompt_mask[pick], ro.completion_ids,
+                 ro.completion_mask, ro.truncated, ro.texts)  # fmt: skip
+
+    def backward():
+        """The tied weight's gradient, and how many (V, H) copies additions made in the
+        backward (an out-of-place dense + sparse sum copies the dense operand first)."""
+        tr.model.zero_grad(set_to_none=True)
+        logp, _ = tr.logprobs(tr.model, ro, torch.arange(6))
+        cpu = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=cpu, record_shapes=True) as prof:
+            (logp * ro.completion_mask).sum().backward()
+        copies = sum(
+            e.name == "aten::copy_"
+            and e.cpu_parent is not None
+            and e.cpu_parent.name == "aten::add"
+            and list(e.input_shapes[0]) == list(w.shape)
+            for e in prof.events()
+        )
+        return w.grad.clone(), copies
+
+    assert shared_prompts(ro.prompt_ids, ro.prompt_mask) is not None
+    g_new, copies_new = backward()
+    monkeypatch.setattr(forward, "head_weight_arriving_last", lambda model, weight: weight)
+    g_old, copies_old = backward()
+    assert copies_old >= 1 and copies_new == 0  # the old order copied; the new one does not
+    torch.testing.assert_close(g_new, g_old, atol=1e-6, rtol=1e-6)
