@@ -38,6 +38,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from grpokit.speed.kernels import decode_attention
 from grpokit.speed.weights import effective_weight, linear_parts
 
 _SUPPORTED = ("llama", "mistral", "qwen2")
@@ -244,13 +245,12 @@ class FastDecoder:
             kc[:, :, slot] = k
             vc[:, :, slot] = v
             # the g query heads of a key/value head attend as g query rows of that head
-            o = F.scaled_dot_product_attention(
-                q.reshape(n, KV, g, D),
-                kc[:, :, : slot + 1],
-                vc[:, :, : slot + 1],
-                attn_mask=mask,
-                scale=self.scale,
-            )  # (n, KV, g, D)
+            q = q.reshape(n, KV, g, D)
+            o = decode_attention(q, kc, vc, attend, self.scale)  # the C kernel, if any
+            if o is None:
+                o = F.scaled_dot_product_attention(
+                    q, kc[:, :, : slot + 1], vc[:, :, : slot + 1], attn_mask=mask, scale=self.scale
+                )  # (n, KV, g, D)
             x = x + ly.o(o.reshape(n, H * D))
             h = _rms(x, ly.ln2, ly.eps2)
             gu = ly.gu(h)  # (n, 2 I)

@@ -19,6 +19,7 @@ from transformers import (
 from grpokit.rollout.kvcache import cache_kwarg
 from grpokit.rollout.sampler import sample
 from grpokit.speed.fastdecode import FastDecoder, why_unsupported
+from grpokit.speed.kernels import decode_attention
 
 SHAPE = dict(
     vocab_size=97,
@@ -85,7 +86,20 @@ def _layers(cache):
 
 @pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2", "mistral"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_step_logits_equal_the_model_forward(kind, dtype):
+def test_step_logits_equal_the_model_forward(kind, dtype, monkeypatch):
+    """Through the C attention kernel where a compiler built it (counted), else torch's."""
+    import shutil
+
+    import grpokit.speed.fastdecode as fd
+
+    used = []
+
+    def counted(*a):
+        out = decode_attention(*a)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(fd, "decode_attention", counted)
     model = _model(kind, dtype)
     if kind == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None
@@ -119,6 +133,7 @@ def test_step_logits_equal_the_model_forward(kind, dtype):
             for a, b in zip(keys, _layers(cache_ref)[0]):
                 torch.testing.assert_close(a[:, :, : P + t + 1], b[:, :, : P + t + 1])
         tok = ref.argmax(-1)
+    assert used and all(used) == bool(shutil.which("cc") or shutil.which("gcc"))
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
