@@ -5,7 +5,8 @@ without its per-module Python overhead.
 Why: at 32 rows a decode step of SmolLM2-135M (30 layers) does ~8.6 GFLOP, a few ms of
 matrix products on this CPU, but transformers' forward spent ~90 ms a step in module calls,
 mask building and cache bookkeeping. Here each layer is one fused q/k/v product, rotary,
-an in-place write into the preallocated cache, one attention call, the output product and
+an in-place write into the preallocated cache, one attention call (the C kernel of
+``speed/kernels.py`` where the machine could build it, else SDPA), the output product and
 one fused gate/up product, and nothing else.
 
 Same mathematics, op for op: RMSNorm in float32 cast back to the weights' dtype before its
