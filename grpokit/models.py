@@ -59,8 +59,13 @@ class ResolvedModel:
     adapter: str | None = None  # a LoRA adapter directory applied (merged) on top of ``path``
 
 
+def grpokit_cache() -> Path:
+    """grpokit's cache directory: ``$GRPOKIT_CACHE``, default ``~/.cache/grpokit``."""
+    return Path(os.environ.get("GRPOKIT_CACHE") or Path.home() / ".cache" / "grpokit")
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("GRPOKIT_CACHE", Path.home() / ".cache" / "grpokit")) / "models"
+    return grpokit_cache() / "models"
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

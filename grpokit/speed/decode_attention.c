@@ -83,9 +83,3 @@ void NAME(const T_* q, long q_row, const T_* k, const T_* v, const uint8_t* mask
 #define STORE_F32(x) (x)
 DEFINE_KERNEL(decode_attention_bf16, uint16_t, from_bf16, to_bf16)
 DEFINE_KERNEL(decode_attention_f32, float, LOAD_F32, STORE_F32)
-
-int decode_attention_limits(int* max_g, int* max_d) {
-    *max_g = MAX_G;
-    *max_d = MAX_D;
-    return 1;
-}

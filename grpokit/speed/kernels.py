@@ -6,8 +6,8 @@ SmolLM2-135M. torch's CPU attention (``scaled_dot_product_attention``) blocks it
 for prefill-sized work and spent 34% of a bench generation phase there (config (a), AMD
 EPYC family 26 model 2, 1.66 of 4.86 s profiled). The kernel reads each row's keys and
 values once for the g query heads that share them, with an online softmax in float32;
-measured at 32 rows x 3 key/value heads x 3 queries x 64 dims, 2 threads: 0.18 -> 0.05 ms at
-60 slots, 0.37 -> 0.20 ms at 200 (``bench/decode_attention.py``).
+measured at 32 rows x 3 key/value heads x 3 queries x 64 dims, bf16, 2 threads: 0.18 -> 0.06
+ms at 60 slots, 0.38 -> 0.22 ms at 200 (``bench/decode_attention.py``).
 
 Nothing here is required: no compiler, a failed build, another platform, or
 ``GRPOKIT_NO_KERNELS=1`` leave ``decode_attention`` returning None, and the caller keeps
@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from grpokit.models import grpokit_cache
+
 log = logging.getLogger("grpokit")
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
@@ -54,8 +56,7 @@ def library_path() -> Path:
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_key().encode()):
         h.update(part)
-    root = Path(os.environ.get("GRPOKIT_CACHE") or Path.home() / ".cache" / "grpokit")
-    return root / "kernels" / f"decode_attention-{h.hexdigest()[:16]}.so"
+    return grpokit_cache() / "kernels" / f"decode_attention-{h.hexdigest()[:16]}.so"
 
 
 def _build(dest: Path) -> None:
