@@ -128,7 +128,9 @@ class DropoutLinear(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu")  # the backward runs under the forward's autocast
     def forward(ctx, x, w, p: float):
-        keep = keep_mask(x.shape, p)
+        # as uint8: torch's CPU kernels convert bool operands through a slow scalar copy
+        # (a bf16 (2064, 1536) multiply: 1.55 ms by a bool mask, 0.39 ms by its uint8 view)
+        keep = keep_mask(x.shape, p).view(torch.uint8)
         ctx.save_for_backward(x, w, keep)
         return F.linear(x * keep, w)
 
@@ -158,7 +160,10 @@ def _lean_lora_forward(self, x, *args, **kwargs):
     xa, scale = x.to(A.weight.dtype), self.scaling[a]
     if isinstance(drop, torch.nn.Dropout) and drop.training and drop.p > 0:
         if torch.is_grad_enabled():
-            h, scale = DropoutLinear.apply(xa, A.weight, drop.p), scale / (1 - drop.p)
+            # under autocast the product casts x itself: no float32 copy of a bf16 input
+            # (kept for the backward too), the same values
+            xd = x if torch.is_autocast_enabled(x.device.type) else xa
+            h, scale = DropoutLinear.apply(xd, A.weight, drop.p), scale / (1 - drop.p)
         else:
             h = A(drop(xa))
     else:
