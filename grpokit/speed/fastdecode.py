@@ -5,9 +5,13 @@ without its per-module Python overhead.
 Why: at 32 rows a decode step of SmolLM2-135M (30 layers) does ~8.6 GFLOP, a few ms of
 matrix products on this CPU, but transformers' forward spent ~90 ms a step in module calls,
 mask building and cache bookkeeping. Here each layer is one fused q/k/v product, rotary,
-an in-place write into the preallocated cache, one attention call (the C kernel of
-``speed/kernels.py`` where the machine could build it, else SDPA), the output product and
-one fused gate/up product, and nothing else.
+an in-place write into the preallocated cache, one attention call, the output product and
+one fused gate/up product, and nothing else. Where the machine built the C kernels of
+``speed/kernels.py`` (``StepKernels``), the work between the four products is three C calls
+a layer (rotary + cache write + attention, residual add + RMSNorm, SiLU x up) instead of ~20
+torch operations; measured on config (a)'s generation (32 rows x 128 tokens, bf16, AMD EPYC
+family 26 model 2, same process, alternating): 3.96 -> 3.51 s. Without them, torch's
+operations (and the kernel attention alone, or SDPA).
 
 Same mathematics, op for op: RMSNorm in float32 cast back to the weights' dtype before its
 scale, rotary tables from the model's own ``rotary_emb`` (so every RoPE scaling variant is
@@ -39,7 +43,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from grpokit.speed.kernels import decode_attention
+from grpokit.speed.kernels import decode_attention, step_kernels
 from grpokit.speed.weights import effective_weight, linear_parts
 
 _SUPPORTED = ("llama", "mistral", "qwen2")
@@ -189,6 +193,18 @@ class FastDecoder:
                 self.layers.append(ly)
         self.inter = linear_parts(inner.layers[0].mlp.gate_proj)[0].out_features
         self._cos = self._sin = None
+        # the C kernels for the work between the products (speed/kernels.py), where they
+        # were built and every weight they read has the activations' dtype
+        self.kernels = None
+        dt = self.norm_w.dtype
+        if (
+            cfg.hidden_act in ("silu", "swish")
+            and all(
+                w.dtype == dt and w.is_contiguous() for ly in self.layers for w in (ly.ln1, ly.ln2)
+            )
+            and self.embed.weight.dtype == dt
+        ):
+            self.kernels = step_kernels(dt, self.n_heads, self.n_kv, self.head_dim)
 
     @classmethod
     def build(cls, model, total_len: int) -> FastDecoder | None:
@@ -214,7 +230,7 @@ class FastDecoder:
         pos = torch.arange(total_len, device=dev)[None]
         probe = torch.empty(1, 1, self.head_dim, dtype=dtype, device=dev)
         cos, sin = self.rotary(probe, pos)  # (1, T, D) in dtype
-        self._cos, self._sin = cos[0], sin[0]
+        self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
 
     @torch.no_grad()
     def step(
@@ -227,6 +243,8 @@ class FastDecoder:
         attend: torch.Tensor,  # (n, slot + 1) bool: which cache entries each row sees
     ) -> torch.Tensor:
         """Logits (n, V) in float32 for the next token of each row."""
+        if self.kernels is not None and ids.device.type == "cpu":
+            return self._step_kernels(ids, pos, keys, values, slot, attend)
         n = ids.shape[0]
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         g = H // KV
@@ -259,6 +277,31 @@ class FastDecoder:
             x = x + ly.down(h)
         x = _rms(x, self.norm_w, self.norm_eps)
         return self.head(x).float()
+
+    def _step_kernels(self, ids, pos, keys, values, slot, attend) -> torch.Tensor:
+        """``step`` with the work between the products in C (``StepKernels``): per layer the
+        four products and three calls, rotary + cache write + attention, residual add + norm
+        (twice: the add closing the MLP opens the next layer's norm), SiLU x up."""
+        K, L = self.kernels, self.layers
+        if int(pos.max()) >= self._cos.shape[0] or int(pos.min()) < 0:
+            raise IndexError(f"decode position past the rotary tables ({self._cos.shape[0]})")
+        pos = pos.contiguous()
+        attend = attend.contiguous()
+        x = self.embed(ids).contiguous()  # (n, C): the residual stream, updated in place
+        h = torch.empty_like(x)
+        K.add_rms(x, None, L[0].ln1, L[0].eps1, h)
+        for i, ly in enumerate(L):
+            o = K.rope_attention(
+                ly.qkv(h), self._cos, self._sin, pos, keys[i], values[i], slot, attend,
+                self.scale,
+            )  # fmt: skip
+            K.add_rms(x, ly.o(o), ly.ln2, ly.eps2, h)
+            y = ly.down(K.silu_mul(ly.gu(h)))
+            if i + 1 < len(L):
+                K.add_rms(x, y, L[i + 1].ln1, L[i + 1].eps1, h)
+            else:
+                K.add_rms(x, y, self.norm_w, self.norm_eps, h)
+        return self.head(h).float()
 
 
 @contextlib.contextmanager

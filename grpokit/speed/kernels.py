@@ -1,21 +1,26 @@
-"""A C kernel for the decode loop's attention (``decode_attention.c``), compiled on first use
-with the machine's C compiler for the machine's own CPU, and loaded with ctypes.
+"""C kernels for the decode loop (``decode_step.c``), compiled on first use with the
+machine's C compiler for the machine's own CPU, and loaded with ctypes.
 
-Why: one decode step attends one query token per row over the cache, 30 times a step for
-SmolLM2-135M. torch's CPU attention (``scaled_dot_product_attention``) blocks its queries
-for prefill-sized work and spent 34% of a bench generation phase there (config (a), AMD
-EPYC family 26 model 2, 1.66 of 4.86 s profiled). The kernel reads each row's keys and
-values once for the g query heads that share them, with an online softmax in float32;
-measured at 32 rows x 3 key/value heads x 3 queries x 64 dims, bf16, 2 threads: 0.18 -> 0.06
-ms at 60 slots, 0.38 -> 0.22 ms at 200 (``bench/decode_attention.py``).
+Why: a decode step of SmolLM2-135M at 32 rows does a few ms of matrix products, and around
+them ~20 small torch operations a layer (norms, rotary, cache writes, attention, SiLU,
+residual adds), 30 layers a step, each a Python dispatch and most of them single-threaded.
+The profile of a bench generation phase (config (a), AMD EPYC family 26 model 2) gave torch's
+attention (``scaled_dot_product_attention``) 34% of it (1.66 of 4.86 s): it blocks its
+queries for prefill-sized work. :func:`decode_attention` reads each row's keys and values
+once for the g query heads that share them, with an online softmax in float32; measured at
+32 rows x 3 key/value heads x 3 queries x 64 dims, bf16, 2 threads: 0.18 -> 0.06 ms at 60
+slots, 0.38 -> 0.22 ms at 200 (``bench/decode_attention.py``). :class:`StepKernels` does
+the rest of a layer's work between its products in three calls: rotary + cache write +
+attention, residual add + RMSNorm, SiLU x up.
 
 Nothing here is required: no compiler, a failed build, another platform, or
-``GRPOKIT_NO_KERNELS=1`` leave ``decode_attention`` returning None, and the caller keeps
-torch's attention (the same numbers up to float summation order). The build runs once per
-source and CPU into ``$GRPOKIT_CACHE`` (default ``~/.cache/grpokit``) ``/kernels``: the flag
-``-march=native`` makes the library specific to the CPU that built it, so the CPU's model
-and flags are part of the file name. It links OpenMP by the name torch's own runtime has
-(``libgomp.so.1``), so the kernel's threads are torch's thread pool, not a second one.
+``GRPOKIT_NO_KERNELS=1`` leave :func:`decode_attention` and :func:`step_kernels` returning
+None, and the caller keeps torch's operations (the same numbers up to float summation order).
+The build runs once per source and CPU into ``$GRPOKIT_CACHE`` (default ``~/.cache/grpokit``)
+``/kernels``: the flag ``-march=native`` makes the library specific to the CPU that built it,
+so the CPU's model and flags are part of the file name. It links OpenMP by the name torch's
+own runtime has (``libgomp.so.1``), so the kernels' threads are torch's thread pool, not a
+second one.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from grpokit.models import grpokit_cache
 
 log = logging.getLogger("grpokit")
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
+SOURCE = Path(__file__).with_name("decode_step.c")
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]  # fmt: skip
 _lib: ctypes.CDLL | None | bool = None  # False: tried, unavailable
@@ -56,7 +61,7 @@ def library_path() -> Path:
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_key().encode()):
         h.update(part)
-    return grpokit_cache() / "kernels" / f"decode_attention-{h.hexdigest()[:16]}.so"
+    return grpokit_cache() / "kernels" / f"decode_step-{h.hexdigest()[:16]}.so"
 
 
 def _build(dest: Path) -> None:
@@ -85,16 +90,25 @@ def _load() -> ctypes.CDLL | None:
                 _build(path)
             lib = ctypes.CDLL(str(path))
             ptr, i, long_, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
-            for fn in (lib.decode_attention_bf16, lib.decode_attention_f32):
-                fn.argtypes = [ptr, long_, ptr, ptr, ptr, long_, ptr, i, i, i, i, long_, long_, f]
-                fn.restype = None
+            signatures = {
+                "decode_attention": [ptr, long_, ptr, ptr, ptr, long_, ptr, i, i, i, i, long_,
+                                     long_, f],
+                "decode_rope_attention": [ptr, long_, i, i, i, ptr, ptr, ptr, ptr, ptr, long_,
+                                          long_, ptr, long_, long_, f, ptr, i],
+                "decode_add_rms": [ptr, ptr, ptr, f, ptr, i, i],
+                "decode_silu_mul": [ptr, ptr, i, i],
+            }  # fmt: skip
+            for name, args in signatures.items():
+                for suffix in ("bf16", "f32"):
+                    fn = getattr(lib, f"{name}_{suffix}")
+                    fn.argtypes, fn.restype = args, None
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
             log.info("decode attention kernel unavailable (%s); using torch's attention", e)
     return _lib or None
 
 
-MAX_G, MAX_D = 16, 256  # decode_attention.c's MAX_G, MAX_D
+MAX_G, MAX_D = 16, 256  # decode_step.c's MAX_G, MAX_D
 
 
 def decode_attention(
@@ -135,3 +149,106 @@ def decode_attention(
     fn(q.data_ptr(), q.stride(0), keys.data_ptr(), values.data_ptr(), attend.data_ptr(), S,
        out.data_ptr(), n, KV, g, D, keys.shape[2], S, scale)  # fmt: skip
     return out
+
+
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+class StepKernels:
+    """A decode layer's work between its products, for one dtype (bf16 or float32) and one
+    model's head layout: :meth:`rope_attention`, :meth:`add_rms`, :meth:`silu_mul`. Each
+    checks the shapes, dtypes and strides it reads, and raises ValueError on anything else
+    (the decode loop builds its tensors to fit; a mismatch is a bug, not a fallback)."""
+
+    def __init__(self, lib, dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int):
+        sfx = _SUFFIX[dtype]
+        self.dtype, self.H, self.KV, self.D = dtype, n_heads, n_kv, head_dim
+        self._rope_attention = getattr(lib, f"decode_rope_attention_{sfx}")
+        self._add_rms = getattr(lib, f"decode_add_rms_{sfx}")
+        self._silu_mul = getattr(lib, f"decode_silu_mul_{sfx}")
+
+    def _need(self, ok: bool, what: str) -> None:
+        if not ok:
+            raise ValueError(f"decode kernel: {what}")
+
+    def rope_attention(self, qkv, cos, sin, pos, kc, vc, slot: int, attend, scale: float):
+        """Rotary on the q and k heads of ``qkv`` (n, (H + 2 KV) D) at each row's position
+        ``pos`` (n,) int64 (rows of the (P, D) ``cos``/``sin`` tables), k and v written into
+        the caches ``kc``/``vc`` (n, KV, T, D) at ``slot``, then every query head's attention
+        over the first S slots that ``attend`` (n, S) bool allows. Returns (n, H D)."""
+        n = qkv.shape[0]
+        H, KV, D = self.H, self.KV, self.D
+        S = attend.shape[1]
+        dt = self.dtype
+        self._need(
+            qkv.dtype == kc.dtype == vc.dtype == cos.dtype == sin.dtype == dt
+            and qkv.device.type == "cpu"
+            and qkv.shape == (n, (H + 2 * KV) * D)
+            and qkv.stride(1) == 1
+            and kc.shape == vc.shape
+            and kc.shape[:2] == (n, KV)
+            and kc.shape[3] == D
+            and kc.is_contiguous()
+            and vc.is_contiguous()
+            and cos.shape == sin.shape
+            and cos.shape[1] == D
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+            and pos.dtype == torch.int64
+            and pos.shape == (n,)
+            and pos.is_contiguous()
+            and attend.dtype == torch.bool
+            and attend.shape[0] == n
+            and attend.is_contiguous()
+            and 0 <= slot < S <= kc.shape[2],
+            f"rope_attention got qkv {tuple(qkv.shape)} {qkv.dtype}, cache {tuple(kc.shape)}, "
+            f"slot {slot}, mask {tuple(attend.shape)}",
+        )
+        out = torch.empty((n, H * D), dtype=dt)
+        self._rope_attention(
+            qkv.data_ptr(), qkv.stride(0), H, KV, D, cos.data_ptr(), sin.data_ptr(),
+            pos.data_ptr(), kc.data_ptr(), vc.data_ptr(), kc.shape[2], slot, attend.data_ptr(),
+            S, S, scale, out.data_ptr(), n,
+        )  # fmt: skip
+        return out
+
+    def add_rms(self, x, y, w, eps: float, h) -> None:
+        """In place: ``x += y`` (rounded to x's dtype; no add when ``y`` is None), then
+        ``h = w * rms_norm(x)`` as transformers' LlamaRMSNorm (float32 norm, cast, scale).
+        x, y, h: (n, C) contiguous; w: (C,)."""
+        n, C = x.shape
+        self._need(
+            x.dtype == w.dtype == h.dtype == self.dtype
+            and x.is_contiguous()
+            and h.is_contiguous()
+            and w.is_contiguous()
+            and h.shape == x.shape
+            and w.shape == (C,)
+            and (y is None or (y.dtype == self.dtype and y.shape == x.shape and y.is_contiguous())),
+            "add_rms: shapes or dtypes differ",
+        )
+        self._add_rms(x.data_ptr(), None if y is None else y.data_ptr(), w.data_ptr(), eps,
+                      h.data_ptr(), n, C)  # fmt: skip
+
+    def silu_mul(self, gu):
+        """``silu(gu[:, :I]) * gu[:, I:]`` for the fused (n, 2 I) gate/up output."""
+        n, I2 = gu.shape
+        self._need(
+            gu.dtype == self.dtype and gu.is_contiguous() and I2 % 2 == 0,
+            "silu_mul: the gate/up output is not a contiguous (n, 2 I) tensor",
+        )
+        out = torch.empty((n, I2 // 2), dtype=self.dtype)
+        self._silu_mul(gu.data_ptr(), out.data_ptr(), n, I2 // 2)
+        return out
+
+
+def step_kernels(dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int):
+    """:class:`StepKernels` for ``dtype`` and this head layout, or None where they do not
+    apply (no library; fp16 or another dtype; more than MAX_G query heads a key/value head
+    or head_dim past MAX_D)."""
+    if dtype not in _SUFFIX or n_heads % n_kv or n_heads // n_kv > MAX_G or head_dim > MAX_D:
+        return None
+    if head_dim % 2:
+        return None
+    lib = _load()
+    return None if lib is None else StepKernels(lib, dtype, n_heads, n_kv, head_dim)

@@ -19,7 +19,6 @@ from transformers import (
 from grpokit.rollout.kvcache import cache_kwarg
 from grpokit.rollout.sampler import sample
 from grpokit.speed.fastdecode import FastDecoder, why_unsupported
-from grpokit.speed.kernels import decode_attention
 
 SHAPE = dict(
     vocab_size=97,
@@ -87,19 +86,19 @@ def _layers(cache):
 @pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2", "mistral"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_step_logits_equal_the_model_forward(kind, dtype, monkeypatch):
-    """Through the C attention kernel where a compiler built it (counted), else torch's."""
+    """Through the C kernels where a compiler built them (counted), else torch's ops."""
     import shutil
 
-    import grpokit.speed.fastdecode as fd
+    from grpokit.speed.kernels import StepKernels
 
     used = []
+    real = StepKernels.rope_attention
 
-    def counted(*a):
-        out = decode_attention(*a)
-        used.append(out is not None)
-        return out
+    def counted(self, *a):
+        used.append(True)
+        return real(self, *a)
 
-    monkeypatch.setattr(fd, "decode_attention", counted)
+    monkeypatch.setattr(StepKernels, "rope_attention", counted)
     model = _model(kind, dtype)
     if kind == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None
@@ -133,7 +132,84 @@ def test_step_logits_equal_the_model_forward(kind, dtype, monkeypatch):
             for a, b in zip(keys, _layers(cache_ref)[0]):
                 torch.testing.assert_close(a[:, :, : P + t + 1], b[:, :, : P + t + 1])
         tok = ref.argmax(-1)
-    assert used and all(used) == bool(shutil.which("cc") or shutil.which("gcc"))
+    has_cc = bool(shutil.which("cc") or shutil.which("gcc"))
+    assert (fast.kernels is not None) == has_cc
+    assert len(used) == (3 * model.config.num_hidden_layers if has_cc else 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_c_kernels_and_torch_s_ops_give_the_same_step(dtype, monkeypatch):
+    """The step with its work between the products in C equals the torch-ops step: float32
+    to rounding, bf16 to a few bf16 steps of the logits (sums in another order), and the
+    same cache entries; the torch path's attention is SDPA here (the kernel off)."""
+    import grpokit.speed.fastdecode as fd
+
+    model = _model("llama", dtype)
+    ids, mask, nxt_pos, cache = _prefilled(model)
+    _, _, _, cache_t = _prefilled(model)
+    B, P = ids.shape
+    fast = FastDecoder.build(model, P + 5)
+    if fast is None or fast.kernels is None:
+        pytest.skip("no C compiler: the kernels are not built")
+    fast.rotary_tables(P + 5, dtype)
+    monkeypatch.setattr(fd, "decode_attention", lambda *a: None)
+    tok = torch.tensor([5, 17, 42])
+    for t in range(3):
+        mask[:, P + t] = 1
+        args = (nxt_pos + t, P + t, mask[:, : P + t + 1].bool())
+        got = fast.step(tok, args[0], *_layers(cache), *args[1:])
+        kern, fast.kernels = fast.kernels, None
+        ref = fast.step(tok, args[0], *_layers(cache_t), *args[1:])
+        fast.kernels = kern
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+        else:
+            torch.testing.assert_close(got, ref, atol=0.05, rtol=0.02)
+        for a, b in zip(
+            _layers(cache)[0] + _layers(cache)[1], _layers(cache_t)[0] + _layers(cache_t)[1]
+        ):
+            torch.testing.assert_close(
+                a[:, :, : P + t + 1],
+                b[:, :, : P + t + 1],
+                **({} if dtype == torch.float32 else dict(atol=0.02, rtol=0.02)),
+            )
+        tok = ref.argmax(-1)
+
+
+def test_step_kernels_refuse_what_they_do_not_read():
+    """A tensor of another shape, dtype or layout is a ValueError, never a C read past it."""
+    from grpokit.speed.kernels import step_kernels
+
+    K = step_kernels(torch.float32, 4, 2, 8)
+    if K is None:
+        pytest.skip("no C compiler: the kernels are not built")
+    assert (
+        step_kernels(torch.float16, 4, 2, 8) is None
+        and step_kernels(torch.float32, 4, 3, 8) is None
+    )
+    qkv = torch.randn(3, (4 + 4) * 8)
+    kc, vc = torch.zeros(3, 2, 6, 8), torch.zeros(3, 2, 6, 8)
+    cos, sin = torch.randn(6, 8), torch.randn(6, 8)
+    pos, attend = torch.tensor([0, 1, 2]), torch.ones(3, 3, dtype=torch.bool)
+    assert K.rope_attention(qkv, cos, sin, pos, kc, vc, 2, attend, 0.3).shape == (3, 32)
+    for bad in (
+        dict(qkv=qkv[:, :-8]),
+        dict(kc=kc[:, :, ::2]),
+        dict(attend=torch.ones(3, 7, dtype=torch.bool)),  # past the cache
+        dict(pos=pos.int()),
+        dict(qkv=qkv.double()),
+    ):
+        a = dict(qkv=qkv, cos=cos, sin=sin, pos=pos, kc=kc, vc=vc, attend=attend)
+        a.update(bad)
+        with pytest.raises(ValueError, match="decode kernel"):
+            K.rope_attention(
+                a["qkv"], a["cos"], a["sin"], a["pos"], a["kc"], a["vc"], 2, a["attend"], 0.3
+            )
+    x, h = torch.randn(3, 8), torch.empty(3, 8)
+    with pytest.raises(ValueError, match="decode kernel"):
+        K.add_rms(x, torch.randn(3, 7), torch.ones(8), 1e-5, h)
+    with pytest.raises(ValueError, match="decode kernel"):
+        K.silu_mul(torch.randn(3, 9))
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

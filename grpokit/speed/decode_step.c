@@ -1,0 +1,253 @@
+/* The decode step's work between its matrix products, for grpokit's decode loop
+ * (grpokit/speed/kernels.py builds and loads this file; the Python side checks every dtype,
+ * shape and stride before calling). Each function has a bf16 and a float32 form.
+ *
+ * decode_attention:      one query token per row against the cache (online softmax).
+ * decode_rope_attention: rotary on the step's q and k (from the fused q/k/v product's
+ *                        output), k and v written into the cache at the step's slot, then
+ *                        the attention above: what torch did in ~10 operations a layer.
+ * decode_add_rms:        the residual add, then Llama's RMSNorm of the sum.
+ * decode_silu_mul:       silu(gate) * up from the fused gate/up product's output.
+ *
+ * Rounding follows torch's operations one by one: every value torch rounds to the tensor's
+ * dtype (bf16 products in rotary, the residual sum, the norm before its scale, silu before
+ * the product) is rounded here too, to nearest even; sums (attention scores and softmax, the
+ * norm's mean square) are float32 as in torch, in another order.
+ *
+ * The attention: for row i and key/value head h, the g query heads sharing h attend over
+ * the slots 0..S-1 that row i's mask allows. Keys and values are read once per (row, head)
+ * for all g queries, and the softmax runs online over blocks of slots (a running maximum
+ * and sum, rescaled when the maximum grows), so the score buffer is one block whatever S is.
+ *
+ * Layouts (element strides):
+ *   q    (n, KV, g, D): row i at q + i * q_row, head h at + h * g * D, query j at + j * D
+ *   qkv  (n, (H + 2 KV) D): row i at qkv + i * qkv_row; q heads, then k heads, then v heads
+ *   k, v (n, KV, T, D): contiguous (the cache, T slots)
+ *   mask (n, S) bytes:  row i at mask + i * mask_row, nonzero = attend
+ *   cos, sin (positions, D): contiguous tables; pos (n,) int64: each row's position
+ *   out  (n, KV, g, D) = (n, H D): contiguous
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MAX_G 16
+#define MAX_D 256
+
+static inline float from_bf16(uint16_t x) {
+    union { uint32_t u; float f; } c;
+    c.u = ((uint32_t)x) << 16;
+    return c.f;
+}
+
+static inline uint16_t to_bf16(float f) { /* branch-free, so that loops vectorize */
+    union { uint32_t u; float f; } c;
+    c.f = f;
+    uint32_t rounded = (c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (c.u >> 16) | 0x40u;
+    return (uint16_t)((c.u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+static inline float round_bf16(float f) { return from_bf16(to_bf16(f)); }
+
+/* exp(x) in plain arithmetic, so that loops calling it vectorize (libm's expf is a scalar
+ * call): 2^k exp(r) with k = round(x / ln 2), r = x - k ln 2 in two parts, exp(r) by a
+ * degree-6 polynomial (Cephes' coefficients), within 2 ulp of exp from -87.3 to 88.3;
+ * 0 below (exp(-inf) = 0), exp(88.3) above (no overflow to inf). */
+static inline float exp_poly(float x0) {
+    float x = x0 < -87.3f ? -87.3f : x0; /* selects, not fminf/fmaxf: those do not vectorize */
+    x = x > 88.3f ? 88.3f : x;
+    int k = (int)floorf(x * 1.44269504088896341f + 0.5f);
+    float kf = (float)k;
+    /* fmaf: the two-part reduction must not be re-associated (-fassociative-math) */
+    float r = fmaf(kf, -0.693359375f, x);
+    r = fmaf(kf, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)(k + 127) << 23;
+    return x0 < -87.3f ? 0.f : p * c.f;
+}
+
+#define LOAD_F32(x) (x)
+#define STORE_F32(x) (x)
+#define ROUND_F32(x) (x)
+
+/* One (row, head): g float32 queries (already scaled) over S slots of k and v, BLOCK slots
+ * at a time: the block's scores, one running-maximum update per query, the block's exps in
+ * one vectorised loop (exp_poly), then the values weighted by them. */
+#define BLOCK 32
+#define DEFINE_ATTEND(NAME, T_, LOAD, STORE)                                                  \
+static void NAME(float qf[MAX_G][MAX_D], int g, int D, const T_* kb, const T_* vb,           \
+                 const uint8_t* m, long S, T_* ob) {                                          \
+    float acc[MAX_G][MAX_D], sc[MAX_G][BLOCK], kf[MAX_D], vf[MAX_D];                          \
+    float mx[MAX_G], sum[MAX_G];                                                              \
+    for (int j = 0; j < g; j++) {                                                             \
+        mx[j] = -INFINITY;                                                                    \
+        sum[j] = 0.f;                                                                         \
+        for (int d = 0; d < D; d++) acc[j][d] = 0.f;                                          \
+    }                                                                                         \
+    for (long s0 = 0; s0 < S; s0 += BLOCK) {                                                  \
+        int nb = S - s0 < BLOCK ? (int)(S - s0) : BLOCK;                                      \
+        int any = 0;                                                                          \
+        for (int b = 0; b < nb; b++) {                                                        \
+            if (!m[s0 + b]) {                                                                 \
+                for (int j = 0; j < g; j++) sc[j][b] = -INFINITY;                             \
+                continue;                                                                     \
+            }                                                                                 \
+            any = 1;                                                                          \
+            const T_* kr = kb + (s0 + b) * D;                                                 \
+            for (int d = 0; d < D; d++) kf[d] = LOAD(kr[d]);                                  \
+            for (int j = 0; j < g; j++) {                                                     \
+                float t = 0.f;                                                                \
+                for (int d = 0; d < D; d++) t += qf[j][d] * kf[d];                            \
+                sc[j][b] = t;                                                                 \
+            }                                                                                 \
+        }                                                                                     \
+        if (!any) continue;                                                                   \
+        for (int j = 0; j < g; j++) {                                                         \
+            float bm = -INFINITY;                                                             \
+            for (int b = 0; b < nb; b++) bm = sc[j][b] > bm ? sc[j][b] : bm;                  \
+            if (bm > mx[j]) { /* rescale what came before (exp(-inf) = 0 at the start) */     \
+                float r = exp_poly(mx[j] - bm);                                               \
+                sum[j] *= r;                                                                  \
+                for (int d = 0; d < D; d++) acc[j][d] *= r;                                   \
+                mx[j] = bm;                                                                   \
+            }                                                                                 \
+            float z = 0.f, mj = mx[j];                                                        \
+            for (int b = 0; b < nb; b++) {                                                    \
+                float p = exp_poly(sc[j][b] - mj); /* masked: exp(-inf) = 0 */                \
+                sc[j][b] = p;                                                                 \
+                z += p;                                                                       \
+            }                                                                                 \
+            sum[j] += z;                                                                      \
+        }                                                                                     \
+        for (int b = 0; b < nb; b++) {                                                        \
+            if (!m[s0 + b]) continue;                                                         \
+            const T_* vr = vb + (s0 + b) * D;                                                 \
+            for (int d = 0; d < D; d++) vf[d] = LOAD(vr[d]);                                  \
+            for (int j = 0; j < g; j++) {                                                     \
+                float p = sc[j][b];                                                           \
+                for (int d = 0; d < D; d++) acc[j][d] += p * vf[d];                           \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    for (int j = 0; j < g; j++) {                                                             \
+        float r = sum[j] > 0.f ? 1.f / sum[j] : 0.f; /* no slot attended: zeros */            \
+        for (int d = 0; d < D; d++) ob[j * D + d] = STORE(acc[j][d] * r);                     \
+    }                                                                                         \
+}
+
+#define DEFINE_ATTENTION(NAME, ATTEND, T_, LOAD)                                              \
+void NAME(const T_* q, long q_row, const T_* k, const T_* v, const uint8_t* mask,            \
+          long mask_row, T_* out, int n, int KV, int g, int D, long T, long S, float scale) { \
+    _Pragma("omp parallel for schedule(static)")                                              \
+    for (long bh = 0; bh < (long)n * KV; bh++) {                                              \
+        long i = bh / KV, h = bh % KV;                                                        \
+        float qf[MAX_G][MAX_D];                                                               \
+        const T_* qb = q + i * q_row + h * (long)g * D;                                       \
+        for (int j = 0; j < g; j++)                                                           \
+            for (int d = 0; d < D; d++) qf[j][d] = LOAD(qb[j * D + d]) * scale;               \
+        ATTEND(qf, g, D, k + bh * T * D, v + bh * T * D, mask + i * mask_row, S,              \
+               out + bh * (long)g * D);                                                       \
+    }                                                                                         \
+}
+
+/* Llama's rotary, x * cos + rotate_half(x) * sin, each product and the sum rounded as torch
+ * rounds them in the tensors' dtype; rotate_half(x) = (-x[half:], x[:half]). */
+#define DEFINE_ROPE(NAME, T_, LOAD, ROUND)                                                    \
+static inline void NAME(const T_* x, const T_* c, const T_* s, int D, float* out) {          \
+    int half = D / 2;                                                                         \
+    for (int d = 0; d < D; d++) {                                                             \
+        float rot = d < half ? -LOAD(x[d + half]) : LOAD(x[d - half]);                        \
+        out[d] = ROUND(ROUND(LOAD(x[d]) * LOAD(c[d])) + ROUND(rot * LOAD(s[d])));             \
+    }                                                                                         \
+}
+
+#define DEFINE_ROPE_ATTENTION(NAME, ROPE, ATTEND, T_, LOAD, STORE)                            \
+void NAME(const T_* qkv, long qkv_row, int H, int KV, int D, const T_* cos, const T_* sin,   \
+          const int64_t* pos, T_* kc, T_* vc, long T, long slot, const uint8_t* mask,         \
+          long mask_row, long S, float scale, T_* out, int n) {                               \
+    int g = H / KV;                                                                           \
+    _Pragma("omp parallel for schedule(static)")                                              \
+    for (long bh = 0; bh < (long)n * KV; bh++) {                                              \
+        long i = bh / KV, h = bh % KV;                                                        \
+        const T_* row = qkv + i * qkv_row;                                                    \
+        const T_* c = cos + pos[i] * D;                                                       \
+        const T_* s = sin + pos[i] * D;                                                       \
+        float qf[MAX_G][MAX_D], kr[MAX_D];                                                    \
+        ROPE(row + (long)(H + h) * D, c, s, D, kr);                                           \
+        T_* kdst = kc + (bh * T + slot) * D;                                                  \
+        T_* vdst = vc + (bh * T + slot) * D;                                                  \
+        const T_* vsrc = row + (long)(H + KV + h) * D;                                        \
+        for (int d = 0; d < D; d++) {                                                         \
+            kdst[d] = STORE(kr[d]);                                                           \
+            vdst[d] = vsrc[d];                                                                \
+        }                                                                                     \
+        for (int j = 0; j < g; j++) {                                                         \
+            ROPE(row + (h * (long)g + j) * D, c, s, D, qf[j]);                                \
+            for (int d = 0; d < D; d++) qf[j][d] *= scale;                                    \
+        }                                                                                     \
+        ATTEND(qf, g, D, kc + bh * T * D, vc + bh * T * D, mask + i * mask_row, S,            \
+               out + bh * (long)g * D);                                                       \
+    }                                                                                         \
+}
+
+/* x = x + y (rounded; skipped when y is NULL), then h = w * norm(x): the norm in float32,
+ * rounded before the scale as transformers' LlamaRMSNorm does. */
+#define DEFINE_ADD_RMS(NAME, T_, LOAD, STORE, ROUND)                                          \
+void NAME(T_* x, const T_* y, const T_* w, float eps, T_* h, int n, int C) {                 \
+    _Pragma("omp parallel for schedule(static) if ((long)n * C >= 16384)")                    \
+    for (long i = 0; i < n; i++) {                                                            \
+        T_* xr = x + i * C;                                                                   \
+        T_* hr = h + i * C;                                                                   \
+        float ss = 0.f;                                                                       \
+        if (y) {                                                                              \
+            const T_* yr = y + i * C;                                                         \
+            for (int c = 0; c < C; c++) {                                                     \
+                float t = ROUND(LOAD(xr[c]) + LOAD(yr[c]));                                   \
+                xr[c] = STORE(t);                                                             \
+                ss += t * t;                                                                  \
+            }                                                                                 \
+        } else {                                                                              \
+            for (int c = 0; c < C; c++) ss += LOAD(xr[c]) * LOAD(xr[c]);                      \
+        }                                                                                     \
+        float r = 1.f / sqrtf(ss / (float)C + eps);                                           \
+        for (int c = 0; c < C; c++) hr[c] = STORE(LOAD(w[c]) * ROUND(LOAD(xr[c]) * r));       \
+    }                                                                                         \
+}
+
+/* out = silu(gu[:, :I]) * gu[:, I:], silu rounded before the product as torch does. */
+#define DEFINE_SILU_MUL(NAME, T_, LOAD, STORE, ROUND)                                         \
+void NAME(const T_* gu, T_* out, int n, int I) {                                              \
+    _Pragma("omp parallel for schedule(static) if ((long)n * I >= 16384)")                    \
+    for (long i = 0; i < n; i++) {                                                            \
+        const T_* g = gu + i * 2L * I;                                                        \
+        const T_* u = g + I;                                                                  \
+        T_* o = out + i * (long)I;                                                            \
+        for (int c = 0; c < I; c++) {                                                         \
+            float a = LOAD(g[c]);                                                             \
+            o[c] = STORE(ROUND(a / (1.f + exp_poly(-a))) * LOAD(u[c]));                           \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+DEFINE_ATTEND(attend_bf16, uint16_t, from_bf16, to_bf16)
+DEFINE_ATTEND(attend_f32, float, LOAD_F32, STORE_F32)
+DEFINE_ATTENTION(decode_attention_bf16, attend_bf16, uint16_t, from_bf16)
+DEFINE_ATTENTION(decode_attention_f32, attend_f32, float, LOAD_F32)
+DEFINE_ROPE(rope_bf16, uint16_t, from_bf16, round_bf16)
+DEFINE_ROPE(rope_f32, float, LOAD_F32, ROUND_F32)
+DEFINE_ROPE_ATTENTION(decode_rope_attention_bf16, rope_bf16, attend_bf16, uint16_t, from_bf16,
+                      to_bf16)
+DEFINE_ROPE_ATTENTION(decode_rope_attention_f32, rope_f32, attend_f32, float, LOAD_F32,
+                      STORE_F32)
+DEFINE_ADD_RMS(decode_add_rms_bf16, uint16_t, from_bf16, to_bf16, round_bf16)
+DEFINE_ADD_RMS(decode_add_rms_f32, float, LOAD_F32, STORE_F32, ROUND_F32)
+DEFINE_SILU_MUL(decode_silu_mul_bf16, uint16_t, from_bf16, to_bf16, round_bf16)
+DEFINE_SILU_MUL(decode_silu_mul_f32, float, LOAD_F32, STORE_F32, ROUND_F32)
