@@ -230,3 +230,65 @@ def test_checkpointed_model_keeps_transformers_attention(tiny_model_dir):
     logp, _ = LogProbs(temperature=1.0, amp_dtype=None)(model, ro, slice(None))
     logp.sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_no_grad_grouped_heads_without_repeated_keys(tiny_model_dir, monkeypatch):
+    """A no-grad forward (reference, old log-probs) under the shared mask runs grouped-query
+    attention on the key/value heads (query heads stacked as rows), not on keys and values
+    repeated per query head: the same logits to float rounding, with the route counted."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(A, "FLOAT32_TOO", True)  # float32 takes it as the training route does
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    cfg = model.config
+    assert cfg.num_attention_heads > cfg.num_key_value_heads
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, cfg.vocab_size, (3, 33), generator=g)
+    mask = torch.ones(3, 33, dtype=torch.long)
+    mask[1, :5] = 0
+    mask[2, :1] = 0
+    taken = []
+    real = A._grouped_no_grad
+    monkeypatch.setattr(A, "_grouped_no_grad", lambda *a: taken.append(1) or real(*a))
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        with A.shared_mask_attention():
+            got = model(input_ids=ids, attention_mask=mask).logits
+    assert taken and len([t for t in taken if t]) == cfg.num_hidden_layers
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    attn = model.model.layers[0].self_attn
+    H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
+    q = torch.zeros(1, H, 2, attn.head_dim)
+    kv = torch.zeros(1, KV, 2, attn.head_dim)
+    m = torch.zeros(1, 1, 2, 2)
+    with torch.no_grad():
+        assert real(attn, q, kv, kv, m, {}).shape == (1, 2, H, attn.head_dim)
+    assert real(attn, q, kv, kv, m, {}) is None  # a gradient recorded: the training routes
+    monkeypatch.setattr(A, "FLOAT32_TOO", False)
+    with torch.no_grad():  # float32, where the training forward repeats keys and values too
+        assert real(attn, q, kv, kv, m, {}) is None
+        monkeypatch.setattr(A, "MAX_QUERIES", 1)  # and past the training route's length
+        assert real(attn, q.bfloat16(), kv.bfloat16(), kv.bfloat16(), m.bfloat16(), {}) is None
+
+
+def test_no_grad_grouped_attention_equals_the_training_route_s_bit_for_bit():
+    """The no-grad route computes what the training forward's attention does (the same SDPA
+    call on the same stacked layout), so old and reference log-probs equal the training
+    forward's bit for bit under bf16 and the importance ratio starts at exactly 1. With keys
+    and values repeated per head (the route before) SDPA splits the work otherwise and bf16
+    outputs differed here by up to 1e-3 for this shape (0.16 in a bench batch's log-probs)."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(0)
+    B, G, R, Lq, Lk, D = 16, 3, 3, 129, 184, 64  # the bench's shared-prompt forward
+    q = torch.randn(B, G * R, Lq, D, generator=g).bfloat16()
+    k = torch.randn(B, G, Lk, D, generator=g).bfloat16()
+    v = torch.randn(B, G, Lk, D, generator=g).bfloat16()
+    keep = torch.ones(B, 1, Lq, Lk, dtype=torch.bool).tril(Lk - Lq)
+    keep[1, :, :, :20] = False  # a left-padded row
+    additive = torch.zeros(keep.shape, dtype=torch.bfloat16).masked_fill_(~keep, float("-inf"))
+    module = SimpleNamespace(num_key_value_groups=R)
+    with torch.no_grad():
+        got = A._grouped_no_grad(module, q, k, v, additive, {"scaling": D**-0.5})
+        want = A.attention(q, k, v, keep, D**-0.5).transpose(1, 2)
+    assert got is not None and torch.equal(got, want)
