@@ -193,18 +193,29 @@ class FastDecoder:
                 self.layers.append(ly)
         self.inter = linear_parts(inner.layers[0].mlp.gate_proj)[0].out_features
         self._cos = self._sin = None
-        # the C kernels for the work between the products (speed/kernels.py), where they
-        # were built and every weight they read has the activations' dtype
-        self.kernels = None
+        self.kernels = self._kernels(model, cfg)
+
+    def _kernels(self, model, cfg):
+        """The C kernels for the work between the products (speed/kernels.py), where they
+        were built and every weight the step reads has the activations' dtype (so every
+        product's output has it too: a mixed-dtype model keeps torch's ops); else None."""
         dt = self.norm_w.dtype
+        names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        linears = [
+            linear_parts(getattr(layer.self_attn, n, None) or getattr(layer.mlp, n))[0].weight
+            for layer in model.model.layers
+            for n in names
+        ]
+        norms = [w for ly in self.layers for w in (ly.ln1, ly.ln2)]
         if (
             cfg.hidden_act in ("silu", "swish")
-            and all(
-                w.dtype == dt and w.is_contiguous() for ly in self.layers for w in (ly.ln1, ly.ln2)
-            )
+            and all(w.dtype == dt and w.is_contiguous() for w in norms)
             and self.embed.weight.dtype == dt
+            and all(w.dtype == dt for w in linears)
+            and linear_parts(model.lm_head)[0].weight.dtype == dt
         ):
-            self.kernels = step_kernels(dt, self.n_heads, self.n_kv, self.head_dim)
+            return step_kernels(dt, self.n_heads, self.n_kv, self.head_dim)
+        return None
 
     @classmethod
     def build(cls, model, total_len: int) -> FastDecoder | None:
