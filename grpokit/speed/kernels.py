@@ -8,8 +8,8 @@ The profile of a bench generation phase (config (a), AMD EPYC family 26 model 2)
 attention (``scaled_dot_product_attention``) 34% of it (1.66 of 4.86 s): it blocks its
 queries for prefill-sized work. :func:`decode_attention` reads each row's keys and values
 once for the g query heads that share them, with an online softmax in float32; measured at
-32 rows x 3 key/value heads x 3 queries x 64 dims, bf16, 2 threads: 0.18 -> 0.06 ms at 60
-slots, 0.38 -> 0.22 ms at 200 (``bench/decode_attention.py``). :class:`StepKernels` does
+32 rows x 3 key/value heads x 3 queries x 64 dims, bf16, 2 threads (25689c5, one process):
+0.22 -> 0.053 ms at 60 slots, 0.44 -> 0.17 ms at 200 (``bench/decode_attention.py``). :class:`StepKernels` does
 the rest of a layer's work between its products in three calls: rotary + cache write +
 attention, residual add + RMSNorm, SiLU x up.
 
