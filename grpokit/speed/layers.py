@@ -12,7 +12,10 @@ bit-identical. The product itself (the down projection's input) is not kept eith
 Llama's RMSNorm keeps its input, its normalised input and a (tokens, 1) reciprocal; the
 normalised input is made again the same way. Together, for SmolLM2-135M in float32, 43.7 ->
 27.1 KiB a token a layer (``bench/kept_activations.py``), about 1 GB less for a 16 x
-140-token micro-batch.
+140-token micro-batch. Under bf16 autocast, q/k/v and gate/up also share one bf16 cast of
+their normed input (:class:`SharedCastLinears`) where autocast made and kept one per layer:
+three (tokens, hidden) bf16 tensors a layer fewer, 207 MiB for a 16 x 129-token
+micro-batch of SmolLM2-135M, the same values and gradients bit for bit.
 
 A PEFT LoRA layer with dropout keeps, through PEFT's own forward, the dropout's noise and
 its output, two (tokens, in_features) float tensors per adapted layer: for SmolLM2-135M with
@@ -36,6 +39,7 @@ adapter.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 import types
@@ -226,13 +230,138 @@ def recomputed_when_saved(t: torch.Tensor, fn):
         yield
 
 
+class SharedCastLinears(torch.autograd.Function):
+    """Several bias-free linear layers reading one input under autocast, with the input cast
+    to ``cdtype`` once and that one cast kept for the backward. Autocast casts it for each
+    layer and each layer keeps its own copy: Llama's q/k/v kept three (tokens, hidden) bf16
+    copies of one normed input, gate and up two. The same operations otherwise (each layer's
+    product of the cast input and its cast weight; in the backward each layer's input
+    gradient rounded to ``cdtype``, then summed in the input's dtype in the order autograd
+    sums them, the last layer's first): the same values and gradients, bit for bit.
+
+    (Stacking the weights into one product was measured and dropped: the same outputs, but
+    gate/up as one (tokens, 2 x intermediate) product made the training step slower.)"""
+
+    @staticmethod
+    def forward(ctx, x, cdtype, *weights_and_casts):
+        # the layers' weights (for their gradients), then their casts to cdtype (_cast)
+        n = len(weights_and_casts) // 2
+        weights, ws = weights_and_casts[:n], weights_and_casts[n:]
+        with torch.autocast(x.device.type, enabled=False):
+            xc = x.to(cdtype)
+            outs = tuple(F.linear(xc, w) for w in ws)
+        ctx.save_for_backward(xc, *ws)
+        ctx.x_dtype, ctx.w_dtypes = x.dtype, [w.dtype for w in weights]
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        xc, *ws = ctx.saved_tensors
+        gx, gws = None, [None] * len(ws)
+        with torch.autocast(xc.device.type, enabled=False):
+            x2 = xc.reshape(-1, xc.shape[-1])
+            for i in reversed(range(len(ws))):  # autograd's order: the last layer's first
+                g = grads[i]
+                if g is None:
+                    continue
+                g = g.to(xc.dtype)
+                if ctx.needs_input_grad[0]:
+                    part = g.matmul(ws[i]).to(ctx.x_dtype)
+                    gx = part if gx is None else gx.add_(part)
+                if ctx.needs_input_grad[2 + i]:
+                    gws[i] = g.reshape(-1, g.shape[-1]).t().mm(x2).to(ctx.w_dtypes[i])
+        return (gx, None, *gws, *[None] * len(ws))
+
+
+# Inside lean_layers: the weights' casts to the autocast dtype made in this block, as
+# autocast's own cache keeps them for its region (one cast a weight a forward, however many
+# times the shared-prompt forward runs the layers); {id(weight): (weight, version, cast)}
+_CASTS: list[dict] = []
+
+
+def _cast(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    cache = _CASTS[-1] if _CASTS else None
+    hit = None if cache is None else cache.get(id(w))
+    if hit is not None and hit[0] is w and hit[1] == w._version and hit[2].dtype == dtype:
+        return hit[2]
+    c = w.detach().to(dtype)
+    if cache is not None:
+        cache[id(w)] = (w, w._version, c)
+    return c
+
+
+def shared_cast(x: torch.Tensor, layers) -> tuple[torch.Tensor, ...] | None:
+    """``tuple(layer(x) for layer in layers)`` through :class:`SharedCastLinears` where that
+    changes what is kept: a gradient recorded, under CPU autocast to a dtype ``x`` is not in
+    (so each layer would cast and keep its own copy), every layer a plain bias-free
+    ``nn.Linear`` over ``x``'s features with float weights of one dtype. None elsewhere."""
+    dev = x.device.type
+    if not (torch.is_grad_enabled() and dev == "cpu" and torch.is_autocast_enabled(dev)):
+        return None
+    cdtype = torch.get_autocast_dtype(dev)
+    if x.dtype == cdtype or not x.is_floating_point():
+        return None
+    ws = []
+    for m in layers:
+        if type(m) is not torch.nn.Linear or m.bias is not None:
+            return None
+        ws.append(m.weight)
+    if len({w.dtype for w in ws}) != 1 or ws[0].shape[1] != x.shape[-1]:
+        return None
+    return SharedCastLinears.apply(x, cdtype, *ws, *(_cast(w, cdtype) for w in ws))
+
+
 def _lean_forward(self, x):
     """Llama's MLP, keeping gate and up (:class:`SiLUMul`) and not the down projection's
-    input, which the backward makes again from them."""
-    g, u = self.gate_proj(x), self.up_proj(x)
+    input, which the backward makes again from them; under autocast gate and up share one
+    cast of ``x`` (:func:`shared_cast`), kept once, not twice."""
+    g, u = shared_cast(x, (self.gate_proj, self.up_proj)) or (self.gate_proj(x), self.up_proj(x))
     m = silu_mul(g, u)
     with recomputed_when_saved(m, lambda: F.silu(g) * u):  # silu_mul's own operations
         return self.down_proj(m)
+
+
+def _shared_qkv(attn) -> list:
+    """(layer, forward) swaps making ``attn``'s q, k and v projections share one cast of
+    their input (:func:`shared_cast`): ``q_proj`` computes all three and hands k and v to
+    ``k_proj`` and ``v_proj`` when they are called next on the same input, as Llama's
+    attention forward does (checked by its code in :func:`qkv_attentions`); any other call
+    runs the layer's own product."""
+    handed: dict = {}
+    q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+
+    def q_forward(self, x):
+        handed.clear()
+        outs = shared_cast(x, (q, k, v))
+        if outs is None:
+            return F.linear(x, self.weight, self.bias)
+        handed.update(x=x, k=outs[1], v=outs[2])
+        return outs[0]
+
+    def handed_on(name):
+        def forward(self, x):
+            if handed.get("x") is x and name in handed:
+                out = handed.pop(name)
+                if "k" not in handed and "v" not in handed:
+                    handed.clear()
+                return out
+            return F.linear(x, self.weight, self.bias)
+
+        return forward
+
+    return [(q, q_forward), (k, handed_on("k")), (v, handed_on("v"))]
+
+
+def qkv_attentions(model) -> list[torch.nn.Module]:
+    """The attention modules of ``model`` whose forward is Llama's (its code, under
+    transformers' decorators) with plain ``nn.Linear`` q/k/v projections."""
+    ref = _llama_forward("LlamaAttention")
+    names = ("q_proj", "k_proj", "v_proj")
+    return [
+        m
+        for m in model.modules()
+        if _same_code(m, ref) and all(type(getattr(m, n, None)) is torch.nn.Linear for n in names)
+    ]
 
 
 def _lean_norm_forward(self, hidden_states):
@@ -257,10 +386,11 @@ def _llama_forward(name: str):
 
 def _same_code(mod, ref) -> bool:
     """Whether ``mod``'s class runs exactly ``ref``'s forward (bytecode, names, constants)."""
-    code = getattr(getattr(type(mod), "forward", None), "__code__", None)
+    fwd = getattr(type(mod), "forward", None)
+    code = getattr(inspect.unwrap(fwd), "__code__", None) if fwd is not None else None
     if code is None or ref is None:
         return False
-    r = ref.__code__
+    r = inspect.unwrap(ref).__code__  # (under decorators such as deprecate_kwarg)
     return (code.co_code, code.co_names, code.co_consts) == (r.co_code, r.co_names, r.co_consts)
 
 
@@ -316,10 +446,13 @@ def lean_layers(model, enabled: bool = True):
         swaps += [(m, _lean_forward) for m in gated_silu_mlps(model)]
         swaps += [(m, _lean_norm_forward) for m in rms_norms(model)]
         swaps += [(m, _lean_lora_forward) for m in lean_loras(model)]
+        swaps += [sw for m in qkv_attentions(model) for sw in _shared_qkv(m)]
     for m, fwd in swaps:
         m.forward = types.MethodType(fwd, m)
+    _CASTS.append({})
     try:
         yield len(swaps)
     finally:
+        _CASTS.pop()
         for m, _ in swaps:
             m.__dict__.pop("forward", None)

@@ -71,8 +71,10 @@ def lower_frozen_linears(model, dtype: torch.dtype) -> int:
     For a frozen model run under autocast to ``dtype``, whose products cast their weights
     to ``dtype`` anyway: the log-probs are bit-identical, the per-forward casts of every
     weight go (about a 3-byte-per-parameter pass each reference micro-batch), and the
-    weights take half the memory. Norms, embeddings and everything outside the products stay
-    in their dtype. Returns the number of layers lowered."""
+    weights take half the memory. Norms and everything outside the products stay in their
+    dtype; so does the input embedding, except a tied one whose values are all exactly
+    ``dtype`` values, which shares the lowered head weight (``_tie_exact_embedding``).
+    Returns the number of layers lowered."""
     out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
     n = 0
     for m in model.modules():
@@ -80,10 +82,25 @@ def lower_frozen_linears(model, dtype: torch.dtype) -> int:
             continue
         if m is out_emb and in_emb is not None and m.weight is in_emb.weight:
             m.weight = torch.nn.Parameter(m.weight.detach().to(dtype), requires_grad=False)
+            _tie_exact_embedding(in_emb, m.weight)
         else:
             m.to(dtype)
         n += 1
     return n
+
+
+def _tie_exact_embedding(emb, low: torch.nn.Parameter) -> None:
+    """Tie ``emb`` to the lowered head weight ``low`` when every one of its values is
+    exactly a ``low.dtype`` value (a checkpoint stored in bf16, as SmolLM2's, loaded into
+    float32), its lookups cast back to its dtype: the same activations bit for bit, and no
+    second (V, H) table (113 MB for SmolLM2-135M's float32 embedding)."""
+    if type(emb) is not torch.nn.Embedding or emb.weight.shape != low.shape:
+        return
+    dtype = emb.weight.dtype
+    if not torch.equal(low.to(dtype), emb.weight):
+        return
+    emb.weight = low
+    emb.register_forward_hook(lambda _m, _a, out: out.to(dtype))
 
 
 def linear_parts(mod) -> tuple[torch.nn.Linear, list[str]] | None:

@@ -16,9 +16,11 @@ from transformers import (
 
 from grpokit.speed.layers import (
     MASK_CHUNK,
+    SharedCastLinears,
     gated_silu_mlps,
     keep_mask,
     lean_layers,
+    qkv_attentions,
     recomputed_when_saved,
     rms_norms,
 )
@@ -89,9 +91,16 @@ def test_same_values_and_gradients_with_less_kept(amp, lora):
     # nor the normalised input of each RMSNorm (two a layer and the final one), in float32,
     # which the product with the norm's weight keeps only when that weight is trained
     norms = (2 * L + 1) * T * h * 4 * (not lora)
-    assert kept0 - kept1 == L * mlp + norms
+    # under autocast one bf16 cast of the normed input for q/k/v and one for gate/up, not 3 + 2
+    casts = 3 * T * h * 2 * (amp and not lora)
+    assert kept0 - kept1 == L * (mlp + casts) + norms
     # the model is itself again after the block
-    assert all("forward" not in vars(m) for m in gated_silu_mlps(model) + rms_norms(model))
+    projections = [
+        getattr(a, n) for a in qkv_attentions(model) for n in ("q_proj", "k_proj", "v_proj")
+    ]
+    swapped = gated_silu_mlps(model) + rms_norms(model) + projections
+    assert all("forward" not in vars(m) for m in swapped)
+    assert len(projections) == (0 if lora else 3 * L)
 
 
 def _closer_to_float32(model, ids, peft, lean):
@@ -107,6 +116,63 @@ def _closer_to_float32(model, ids, peft, lean):
     (o_peft, g_peft), (o_lean, g_lean) = err(*peft), err(*lean)
     assert o_lean <= o_peft and g_lean <= g_peft, (o_peft, o_lean, g_peft, g_lean)
     torch.testing.assert_close(lean[0].float(), peft[0].float(), rtol=0, atol=2 * o_peft)
+
+
+def test_shared_cast_same_values_and_gradients_one_cast_kept():
+    """Three bias-free layers over one float32 input under bf16 autocast, each cast by autocast
+    and through SharedCastLinears: the same outputs and gradients bit for bit (the input's
+    too: the same roundings summed in the same order); one bf16 copy of the input kept
+    instead of three."""
+    g = torch.Generator().manual_seed(0)
+    sizes = (48, 16, 16)
+    ws = [torch.nn.Parameter(torch.randn(n, 40, generator=g) * 0.1) for n in sizes]
+    x0 = torch.randn(2, 33, 40, generator=g)
+    ups = [torch.randn(2, 33, n, generator=g).bfloat16() for n in sizes]
+
+    def run(shared: bool):
+        kept = {}
+
+        def pack(t):
+            kept[t.data_ptr()] = t.numel() * t.element_size() * (t.numel() == x0.numel())
+            return t
+
+        x = x0.clone().requires_grad_()
+        h = x * 1.0  # not a leaf (autocast caches a leaf's cast), as a normed input
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", torch.bfloat16):
+                outs = (
+                    SharedCastLinears.apply(h, torch.bfloat16, *ws, *(w.bfloat16() for w in ws))
+                    if shared
+                    else [torch.nn.functional.linear(h, w) for w in ws]
+                )
+        torch.autograd.backward(outs, ups)
+        grads = [w.grad.clone() for w in ws] + [x.grad.clone()]
+        for w in ws:
+            w.grad = None
+        return [o.detach() for o in outs], grads, sum(kept.values())
+
+    (o0, g0, k0), (o1, g1, k1) = run(False), run(True)
+    assert all(a.dtype == b.dtype == torch.bfloat16 and torch.equal(a, b) for a, b in zip(o0, o1))
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(g0, g1))
+    assert k0 == 3 * k1 == 3 * x0.numel() * 2
+
+
+def test_qkv_hand_on_only_for_the_same_input():
+    """In the block q_proj computes q, k and v; k_proj and v_proj return theirs for the same
+    input and compute their own for another (the layers' own products either way)."""
+    model = _llama()
+    attn = qkv_attentions(model)[0]
+    x, y = torch.randn(2, 5, 48), torch.randn(2, 5, 48)
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        want = [attn.k_proj(y), attn.v_proj(x)]
+    with lean_layers(model), torch.autocast("cpu", torch.bfloat16):
+        attn.q_proj(x)
+        got = [attn.k_proj(y), attn.v_proj(x)]  # k: another input, its own product
+        attn.q_proj(x)
+        handed = [attn.k_proj(x), attn.v_proj(x)]
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert handed[1].grad_fn is not None and "SharedCastLinears" in type(handed[1].grad_fn).__name__
+    assert torch.equal(handed[1], got[1])
 
 
 def test_which_mlps_it_takes():
@@ -281,3 +347,31 @@ def test_recomputed_when_saved_makes_views_again_and_keeps_outer_hooks():
     assert torch.equal(ga0, ga1) and torch.equal(gw0, gw1)
     assert calls1["made"] == 1 and calls0["made"] == 0
     assert calls1["outer"] == calls0["outer"] - 1  # the weight still through the outer hook
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["bf16-values", "float32-values"])
+def test_lowered_reference_shares_an_exact_tied_embedding(exact):
+    """A frozen copy lowered to bf16 (the reference): a tied float32 embedding whose values
+    are all bf16 values (a bf16 checkpoint) shares the bf16 head weight and its lookups give
+    the same float32 activations (the same logits bit for bit); one with other values keeps
+    its own float32 table."""
+    import copy
+
+    from grpokit.speed.weights import lower_frozen_linears
+
+    model = LlamaForCausalLM(LlamaConfig(**SHAPE, tie_word_embeddings=True)).eval()
+    if exact:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.bfloat16().float())
+    low = copy.deepcopy(model)
+    lower_frozen_linears(low, torch.bfloat16)
+    emb, head = low.get_input_embeddings(), low.get_output_embeddings()
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        want, got = model(input_ids=ids).logits, low(input_ids=ids).logits
+        acts = emb(ids)
+    assert torch.equal(want, got)
+    assert head.weight.dtype == torch.bfloat16 and acts.dtype == torch.float32
+    assert (emb.weight is head.weight) == exact
+    assert emb.weight.dtype == (torch.bfloat16 if exact else torch.float32)
