@@ -212,12 +212,31 @@ def _backward_kept(ctx, hidden, w, targets, logp, probs, g_logp):
             if need_h:
                 g_h = ((q @ w).float() * neg_g[:, None]).to(hidden.dtype)
             if need_w:
-                g_w = (q.t() @ (hidden.float() * neg_g[:, None]).to(cdtype)).to(ctx.w_dtype)
+                g_w = _weight_grad(q, (hidden.float() * neg_g[:, None]).to(cdtype), ctx.w_dtype)
             if need_b and ctx.b_dtype is not None:
                 g_b = (q.t() @ neg_g.to(cdtype)).to(ctx.b_dtype)
         finally:
             q[at] = kept
     return g_h, g_w, g_b, None, None, None, None, None, None, None, None
+
+
+# vocabulary rows of the head's weight gradient a product computes (_weight_grad)
+WEIGHT_GRAD_ROWS = 4096
+
+
+def _weight_grad(q: torch.Tensor, hg: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(q.T @ hg).to(dtype)`` for the (N, V) kept softmax ``q`` and (N, H) ``hg``: the
+    product in their dtype, :data:`WEIGHT_GRAD_ROWS` vocabulary rows at a time, each block
+    rounded into the (V, H) result. The same values (each entry the same dot product over
+    the N tokens), without a whole (V, H) low-precision product beside the float32 result:
+    57 MB less at the training step's memory peak (this backward) for SmolLM2-135M's head."""
+    if dtype == q.dtype:
+        return q.t() @ hg
+    V = q.shape[1]
+    out = torch.empty(V, hg.shape[1], dtype=dtype, device=q.device)
+    for s in range(0, V, WEIGHT_GRAD_ROWS):
+        out[s : s + WEIGHT_GRAD_ROWS] = q[:, s : s + WEIGHT_GRAD_ROWS].t() @ hg
+    return out
 
 
 def _linear_into(x, w, b, out, low, scale: float = 1.0):

@@ -206,3 +206,20 @@ def test_low_precision_forward_chunks_change_no_value(monkeypatch, entropy_grad)
         outs.append((lp.detach(), ent.detach(), *torch.autograd.grad(loss, (h, w))))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("rows", [7, 4096])
+def test_weight_grad_in_vocabulary_blocks_equals_the_whole_product(rows, monkeypatch):
+    """The head's weight gradient from the kept softmax, computed a block of vocabulary rows
+    at a time (a last block shorter): the same float32 values as the whole bf16 product
+    rounded once, bit for bit; in the products' own dtype it is that product."""
+    from grpokit.algo import logprobs as LP
+
+    monkeypatch.setattr(LP, "WEIGHT_GRAD_ROWS", rows)
+    g = torch.Generator().manual_seed(0)
+    q = torch.rand(37, 101, generator=g).bfloat16()
+    hg = torch.randn(37, 24, generator=g).bfloat16()
+    want = (q.t() @ hg).float()
+    got = LP._weight_grad(q, hg, torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert torch.equal(LP._weight_grad(q, hg, torch.bfloat16), q.t() @ hg)

@@ -292,3 +292,36 @@ def test_no_grad_grouped_attention_equals_the_training_route_s_bit_for_bit():
         got = A._grouped_no_grad(module, q, k, v, additive, {"scaling": D**-0.5})
         want = A.attention(q, k, v, keep, D**-0.5).transpose(1, 2)
     assert got is not None and torch.equal(got, want)
+
+
+def test_training_route_makes_the_stacked_mask_once_a_forward(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """Every layer of one model call gets (and its backward keeps) the same stacked mask, not
+    a copy each; a new call (another mask object) makes its own; the cache is emptied when
+    the block ends."""
+    from grpokit.speed.attention import training_attention
+    from grpokit.testing import tiny_run_config
+    from grpokit.trainer import GRPOTrainer
+    from tests.trainer.test_forward_batches import _rollout
+
+    monkeypatch.setattr(A, "FLOAT32_TOO", True)
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run"))
+    ro = _rollout(tr)
+    seen = []
+    orig = A.AttentionFunction.forward
+
+    def recording(ctx, q, k, v, mask, scale):
+        seen.append((mask.data_ptr(), tuple(mask.shape)))
+        return orig(ctx, q, k, v, mask, scale)
+
+    monkeypatch.setattr(A.AttentionFunction, "forward", staticmethod(recording))
+    layers = tr.model.config.num_hidden_layers
+    with training_attention(True):
+        logp, _ = tr.logprobs(tr.model, ro, torch.tensor([4, 0, 5, 2]))
+        assert A._TRAIN_MASK
+    assert not A._TRAIN_MASK
+    logp.sum().backward()
+    assert len(seen) % layers == 0 and seen
+    calls = [seen[i : i + layers] for i in range(0, len(seen), layers)]
+    assert all(len(set(c)) == 1 for c in calls)  # one mask a model call
