@@ -15,7 +15,8 @@ normalised input is made again the same way. Together, for SmolLM2-135M in float
 140-token micro-batch. Under bf16 autocast, q/k/v and gate/up also share one bf16 cast of
 their normed input (:class:`SharedCastLinears`) where autocast made and kept one per layer:
 three (tokens, hidden) bf16 tensors a layer fewer, 207 MiB for a 16 x 129-token
-micro-batch of SmolLM2-135M, the same values and gradients bit for bit.
+micro-batch of SmolLM2-135M; the same values, and gradients up to the order of one float32
+sum (see the class).
 
 A PEFT LoRA layer with dropout keeps, through PEFT's own forward, the dropout's noise and
 its output, two (tokens, in_features) float tensors per adapted layer: for SmolLM2-135M with
@@ -236,8 +237,12 @@ class SharedCastLinears(torch.autograd.Function):
     layer and each layer keeps its own copy: Llama's q/k/v kept three (tokens, hidden) bf16
     copies of one normed input, gate and up two. The same operations otherwise (each layer's
     product of the cast input and its cast weight; in the backward each layer's input
-    gradient rounded to ``cdtype``, then summed in the input's dtype in the order autograd
-    sums them, the last layer's first): the same values and gradients, bit for bit.
+    gradient rounded to ``cdtype``, then summed in the input's dtype, the last layer's
+    first): the same values, the same weight gradients, and the input's gradient the same
+    float32 sum of the same terms. Autograd adds those terms in the order they become ready,
+    which is this one in a plain forward (bit for bit in the tests) but not always (the
+    shared-prompt forward's keys and values go through the cache first): the sum's rounding
+    can then differ in its last bit, and the run's later numbers with it.
 
     (Stacking the weights into one product was measured and dropped: the same outputs, but
     gate/up as one (tokens, 2 x intermediate) product made the training step slower.)"""
