@@ -91,9 +91,10 @@ def lower_frozen_linears(model, dtype: torch.dtype) -> int:
 
 def _tie_exact_embedding(emb, low: torch.nn.Parameter) -> None:
     """Tie ``emb`` to the lowered head weight ``low`` when every one of its values is
-    exactly a ``low.dtype`` value (a checkpoint stored in bf16, as SmolLM2's, loaded into
-    float32), its lookups cast back to its dtype: the same activations bit for bit, and no
-    second (V, H) table (113 MB for SmolLM2-135M's float32 embedding)."""
+    exactly a ``low.dtype`` value (a checkpoint stored in bf16 and loaded into float32; the
+    GGUF-converted SmolLM2 that ``./run`` uses is not one), its lookups cast back to its
+    dtype: the same activations bit for bit, and no second (V, H) table (a 49k x 576 float32
+    one is 113 MB; Qwen2.5-0.5B's 152k x 896, 545 MB)."""
     if type(emb) is not torch.nn.Embedding or emb.weight.shape != low.shape:
         return
     dtype = emb.weight.dtype
