@@ -8,6 +8,8 @@
  *                        the attention above: what torch did in ~10 operations a layer.
  * decode_add_rms:        the residual add, then Llama's RMSNorm of the sum.
  * decode_silu_mul:       silu(gate) * up from the fused gate/up product's output.
+ * decode_sample_f32:     one token a row drawn from softmax(logits / temperature), min-p
+ *                        applied (the sampler's work after the head, float32 logits only).
  *
  * Rounding follows torch's operations one by one: every value torch rounds to the tensor's
  * dtype (bf16 products in rotary, the residual sum, the norm before its scale, silu before
@@ -30,6 +32,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define MAX_G 16
 #define MAX_D 256
@@ -251,3 +254,77 @@ DEFINE_ADD_RMS(decode_add_rms_bf16, uint16_t, from_bf16, to_bf16, round_bf16)
 DEFINE_ADD_RMS(decode_add_rms_f32, float, LOAD_F32, STORE_F32, ROUND_F32)
 DEFINE_SILU_MUL(decode_silu_mul_bf16, uint16_t, from_bf16, to_bf16, round_bf16)
 DEFINE_SILU_MUL(decode_silu_mul_f32, float, LOAD_F32, STORE_F32, ROUND_F32)
+
+/* One token a row by inverse transform sampling: row i's index j is the first whose running
+ * sum of e_j = exp(s_j - max s) passes u_i * sum e, with s = logits / temp (divided, as torch
+ * divides) and e_j = 0 where s_j - max s < log_min_p (min-p; -inf: off). What the torch
+ * path does with softmax, cumsum and searchsorted, in three passes over the row instead of
+ * ~5 single-threaded operations on (n, V). The exps are summed in float blocks of
+ * SAMPLE_BLOCK and the blocks in double; the walk finds the block in the block sums and the
+ * token in the block, so a token of probability 0 is never drawn. A row that is not
+ * finite (NaN, +inf, every score -inf) is left to the caller: the return value counts them
+ * and out[i] = -1 marks each. */
+#define SAMPLE_BLOCK 512
+static long sample_row(const float* l, int V, float temp, float log_min_p, float u, float* e,
+                       double* bs) {
+    /* max of l / temp = (max of l) / temp (division by temp > 0 keeps the order); 16 lanes
+     * of selects, which vectorize where a max reduction would not (NaN rules) */
+    float lane[16], m = -INFINITY;
+    for (int k = 0; k < 16; k++) lane[k] = -INFINITY;
+    int j = 0;
+    for (; j + 16 <= V; j += 16)
+        for (int k = 0; k < 16; k++) lane[k] = l[j + k] > lane[k] ? l[j + k] : lane[k];
+    for (; j < V; j++) m = l[j] > m ? l[j] : m;
+    for (int k = 0; k < 16; k++) m = lane[k] > m ? lane[k] : m;
+    m = m / temp;
+    if (!isfinite(m)) return -1;
+    int nb = (V + SAMPLE_BLOCK - 1) / SAMPLE_BLOCK;
+    double total = 0.;
+    for (int b = 0; b < nb; b++) {
+        int j1 = (b + 1) * SAMPLE_BLOCK < V ? (b + 1) * SAMPLE_BLOCK : V;
+        float acc = 0.f;
+        for (j = b * SAMPLE_BLOCK; j < j1; j++) {
+            float d = l[j] / temp - m;
+            float v = d < log_min_p ? 0.f : exp_poly(d);
+            e[j] = v;
+            acc += v;
+        }
+        bs[b] = acc;
+        total += acc;
+    }
+    if (!(total > 0.) || !isfinite(total)) return -1;
+    double target = (double)u * total, cum = 0.;
+    int b = 0;
+    while (b < nb - 1 && cum + bs[b] <= target) cum += bs[b++];
+    int j1 = (b + 1) * SAMPLE_BLOCK < V ? (b + 1) * SAMPLE_BLOCK : V;
+    long last = -1;
+    for (j = b * SAMPLE_BLOCK; j < j1; j++) {
+        if (e[j] > 0.f) {
+            last = j;
+            cum += e[j];
+            if (cum > target) return j;
+        }
+    }
+    return last; /* the block's float sum rounded above its running double sum */
+}
+
+long decode_sample_f32(const float* logits, long row, int n, int V, float temp,
+                       float log_min_p, const float* u, int64_t* out) {
+    long bad = 0;
+    int nb = (V + SAMPLE_BLOCK - 1) / SAMPLE_BLOCK;
+    _Pragma("omp parallel reduction(+ : bad) if ((long)n * V >= 65536)")
+    {
+        float* e = malloc(sizeof(float) * (size_t)V);
+        double* bs = malloc(sizeof(double) * (size_t)nb);
+        _Pragma("omp for schedule(static)")
+        for (long i = 0; i < n; i++) {
+            long j = (e && bs) ? sample_row(logits + i * row, V, temp, log_min_p, u[i], e, bs)
+                               : -1;
+            out[i] = j;
+            bad += j < 0;
+        }
+        free(e);
+        free(bs);
+    }
+    return bad;
+}

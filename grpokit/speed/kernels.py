@@ -11,7 +11,9 @@ once for the g query heads that share them, with an online softmax in float32; m
 32 rows x 3 key/value heads x 3 queries x 64 dims, bf16, 2 threads (25689c5, one process):
 0.22 -> 0.053 ms at 60 slots, 0.44 -> 0.17 ms at 200 (``bench/decode_attention.py``). :class:`StepKernels` does
 the rest of a layer's work between its products in three calls: rotary + cache write +
-attention, residual add + RMSNorm, SiLU x up.
+attention, residual add + RMSNorm, SiLU x up. :func:`sample_tokens` draws the step's tokens
+from its float32 logits (temperature, min-p, inverse transform) in one call where torch ran
+softmax, a single-threaded cumsum and a search over (n, V).
 
 Nothing here is required: no compiler, a failed build, another platform, or
 ``GRPOKIT_NO_KERNELS=1`` leave :func:`decode_attention` and :func:`step_kernels` returning
@@ -28,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -102,6 +105,8 @@ def _load() -> ctypes.CDLL | None:
                 for suffix in ("bf16", "f32"):
                     fn = getattr(lib, f"{name}_{suffix}")
                     fn.argtypes, fn.restype = args, None
+            lib.decode_sample_f32.argtypes = [ptr, long_, i, i, f, f, ptr, ptr]
+            lib.decode_sample_f32.restype = long_
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
             log.info("decode attention kernel unavailable (%s); using torch's attention", e)
@@ -240,6 +245,37 @@ class StepKernels:
         out = torch.empty((n, I2 // 2), dtype=self.dtype)
         self._silu_mul(gu.data_ptr(), out.data_ptr(), n, I2 // 2)
         return out
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, min_p: float | None, u: torch.Tensor
+) -> torch.Tensor | None:
+    """One token a row of ``logits`` (n, V) float32, drawn from ``softmax(logits /
+    temperature)`` with min-p applied (None or 0: off), by inverse transform with the row's
+    uniform ``u`` (n, 1) float32: the sampler's torch path (``filter_min_p``, softmax, cumsum,
+    searchsorted) in one C call, the same draw up to float rounding at a token's boundary.
+    None when the kernel does not apply (no library, another dtype, device or layout) or a
+    row is not finite (NaN, +inf, all -inf): the caller keeps torch's operations."""
+    if (
+        logits.dtype != torch.float32
+        or logits.device.type != "cpu"
+        or logits.dim() != 2
+        or logits.stride(1) != 1
+        or u.dtype != torch.float32
+        or not u.is_contiguous()
+        or u.numel() != logits.shape[0]
+        or not temperature > 0
+    ):
+        return None
+    lib = _load()
+    if lib is None:
+        return None
+    n, V = logits.shape
+    out = torch.empty(n, dtype=torch.int64)
+    log_min_p = math.log(min_p) if min_p else -math.inf
+    bad = lib.decode_sample_f32(logits.data_ptr(), logits.stride(0), n, V, temperature,
+                                log_min_p, u.data_ptr(), out.data_ptr())  # fmt: skip
+    return None if bad else out
 
 
 def step_kernels(dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int):

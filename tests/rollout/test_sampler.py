@@ -4,6 +4,7 @@ the same filters as generate's warpers, an exact categorical draw, and log-probs
 sampled tokens that the training forward reproduces."""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -398,3 +399,32 @@ def test_merged_weights_refuse_an_adapter_that_is_not_w_plus_ba(tiny_model_dir):
     )
     with pytest.raises(ValueError, match="DoRA"):
         merged_lora_state_dict(dora.get_base_model())
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler")
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_the_c_draw_and_the_torch_draw_choose_the_same_tokens(tiny_model_dir, monkeypatch, top_p):
+    """The decode loop with the sampler's C kernel (temperature and min-p, no top-k/top-p)
+    and with torch's ops draw the same tokens from the same generator; with top-p set the
+    kernel is not used and the torch ops take the same uniforms."""
+    import grpokit.rollout.sampler as sampler_mod
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids, mask = _prompts(AutoTokenizer.from_pretrained(tiny_model_dir))
+    calls = []
+
+    def run(kernel):
+        def counted(*a):
+            out = kernel(*a)
+            calls.append(out is not None)
+            return out
+
+        monkeypatch.setattr(sampler_mod, "sample_tokens", counted)
+        g = torch.Generator().manual_seed(5)
+        return sample(model, ids, mask, max_new_tokens=12, eos_ids=[], pad_id=0,
+                      temperature=0.9, top_p=top_p, min_p=0.02, num_samples=4, generator=g)  # fmt: skip
+
+    with_c = run(sampler_mod.sample_tokens)
+    assert torch.equal(with_c, run(lambda *a: None))
+    # 12 steps; both runs asked, the kernel drew every step of the first (a C compiler here)
+    assert calls == ([True] * 12 + [False] * 12 if top_p == 1.0 else [])

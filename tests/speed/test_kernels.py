@@ -112,3 +112,58 @@ def test_build_is_keyed_by_source_and_cpu(monkeypatch, tmp_path):
     assert path.exists()
     monkeypatch.setattr(kernels, "_cpu_key", lambda: "another cpu")
     assert kernels.library_path() != path
+
+
+def _torch_draw(logits, temperature, min_p, u):
+    from grpokit.rollout.sampler import draw, filter_min_p
+
+    scores = filter_min_p(logits / temperature, min_p)
+    return draw(scores.softmax(-1), None, u.clone())
+
+
+@needs_cc
+@pytest.mark.parametrize("V", [49_152, 1_000, 513, 7])
+@pytest.mark.parametrize("temperature,min_p", [(1.0, None), (0.7, None), (1.3, 0.05)])
+def test_sample_kernel_draws_what_the_torch_ops_draw(V, temperature, min_p):
+    """The same uniforms give the same tokens as softmax + cumsum + searchsorted (the
+    distributions agree to float rounding; these draws never land on a boundary), masked
+    tokens (-inf) are never drawn, and a row stride other than V is read as such."""
+    gen = torch.Generator().manual_seed(V)
+    wide = torch.randn(64, V + 5, generator=gen) * 4
+    logits = wide[:, :V]  # rows V + 5 apart
+    logits[:, : V // 10] = float("-inf")
+    u = torch.rand(64, 1, generator=gen)
+    got = kernels.sample_tokens(logits, temperature, min_p, u)
+    assert got is not None and got.dtype == torch.int64
+    assert torch.equal(got, _torch_draw(logits, temperature, min_p, u))
+    assert (got >= V // 10).all()
+
+
+@needs_cc
+def test_sample_kernel_is_an_exact_categorical_sample():
+    probs = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0] + [0.0] * 600)  # past one 512 block
+    probs[600] = 0.25
+    probs = probs / probs.sum()
+    logits = probs.log().repeat(40_000, 1)  # log 0 = -inf: never drawn
+    gen = torch.Generator().manual_seed(3)
+    got = kernels.sample_tokens(logits, 1.0, None, torch.rand(40_000, 1, generator=gen))
+    freq = torch.bincount(got, minlength=probs.numel()) / 40_000.0
+    assert freq[probs == 0].sum() == 0
+    # 4 sigma of a binomial proportion at n=40k is about 0.01
+    torch.testing.assert_close(freq, probs, atol=0.01, rtol=0)
+
+
+@needs_cc
+def test_sample_kernel_leaves_what_it_cannot_draw_to_torch():
+    u = torch.full((2, 1), 0.5)
+    ok = torch.zeros(2, 10)
+    for bad in (float("nan"), float("inf")):
+        x = ok.clone()
+        x[1, 3] = bad
+        assert kernels.sample_tokens(x, 1.0, None, u) is None
+    assert kernels.sample_tokens(torch.full((2, 10), float("-inf")), 1.0, None, u) is None
+    assert kernels.sample_tokens(ok.to(torch.bfloat16), 1.0, None, u) is None
+    assert kernels.sample_tokens(ok.t().contiguous().t(), 1.0, None, u) is None  # columns
+    assert kernels.sample_tokens(ok, 1.0, None, u.double()) is None
+    assert kernels.sample_tokens(ok, 1.0, None, u[:1]) is None
+    assert torch.equal(kernels.sample_tokens(ok, 1.0, None, u), torch.tensor([5, 5]))
