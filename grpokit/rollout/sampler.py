@@ -147,18 +147,24 @@ class _Running:
     mask: torch.Tensor  # (n, P + max_new_tokens)
     next_pos: torch.Tensor  # (n, 1)
     seen: torch.Tensor | None  # (n, P + t) prompt and completion ids, or None
+    # (n,) the prompt of each row when the rows of a prompt share its cached keys and values
+    # (copies of one prefill), else None; chunks: the decoder's row_chunks of it, made once
+    group: torch.Tensor | None = None
+    chunks: object = None
 
     @classmethod
-    def start(cls, mask: torch.Tensor, next_pos: torch.Tensor, seen: torch.Tensor | None):
+    def start(cls, mask, next_pos, seen, group: torch.Tensor | None = None):
         """Every row running, none ended."""
         n, device = mask.shape[0], mask.device
         done = torch.zeros(n, dtype=torch.bool, device=device)
-        return cls(torch.arange(n, device=device), done, mask, next_pos, seen)
+        return cls(torch.arange(n, device=device), done, mask, next_pos, seen, group)
 
     def keep(self, idx: torch.Tensor) -> None:
         self.rows, self.done = self.rows[idx], self.done[idx]
         self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
         self.seen = None if self.seen is None else self.seen[idx]
+        self.group = None if self.group is None else self.group[idx]
+        self.chunks = None
 
 
 @torch.no_grad()
@@ -209,6 +215,7 @@ def sample(
     pre = prefill(model, input_ids, attention_mask, max_new_tokens, min_shared_prefix)
     cache, logits, mask, next_pos = pre.cache, pre.logits, pre.mask, pre.next_pos
     seen = input_ids if repetition_penalty != 1.0 else None
+    rep = None  # with G > 1: each row's prompt, its cached keys and values copied to it
     if G > 1:
         rep = torch.arange(B, device=device).repeat_interleave(G)
         if not _select_rows(cache, rep):  # a cache we cannot index: repeat the prompts instead
@@ -231,7 +238,7 @@ def sample(
     )  # fmt: skip
     total = pre.width + max_new_tokens
     fast = _fast_decoder(model, cache, total) if fused_decode else None
-    run = _Running.start(mask, next_pos, seen)
+    run = _Running.start(mask, next_pos, seen, rep)
     return _decode(model, cache, fast, logits, run, choice, pre.width, max_new_tokens)
 
 
@@ -383,7 +390,7 @@ def _decode(
         if run.seen is not None:
             run.seen = torch.cat([run.seen, nxt[:, None]], dim=1)
         run.mask[:, P + t] = 1
-        logits = _step(model, cache, fast, nxt, run, P + t)
+        logits = _step(model, cache, fast, nxt, run, P, t)
         run.next_pos = run.next_pos + 1
     return tokens[:, :steps]
 
@@ -420,12 +427,16 @@ def _draw_tokens(logits: torch.Tensor, choice: _Choice) -> torch.Tensor:
     return draw(scores.softmax(-1), choice.generator, u)
 
 
-def _step(model, cache, fast, nxt: torch.Tensor, run: _Running, at: int) -> torch.Tensor:
-    """One decode step: feed ``nxt`` (n,) at cache position ``at``; the (n, V) next logits."""
+def _step(model, cache, fast, nxt: torch.Tensor, run: _Running, P: int, t: int) -> torch.Tensor:
+    """One decode step: feed ``nxt`` (n,) at cache position ``P + t`` (P: the prompts' slots);
+    the (n, V) next logits."""
+    at = P + t
     if fast is not None:
         keys, values = _cache_tensors(cache)
         attend = run.mask[:, : at + 1].bool()
-        return fast.step(nxt, run.next_pos[:, 0], keys, values, at, attend)
+        if run.chunks is None:  # the rows of a prompt read its P cached slots once
+            run.chunks = fast.row_chunks(run.group, nxt.shape[0], P)
+        return fast.step(nxt, run.next_pos[:, 0], keys, values, at, attend, run.chunks)
     out = model(
         input_ids=nxt[:, None],
         attention_mask=run.mask[:, : at + 1],

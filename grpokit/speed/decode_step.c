@@ -6,6 +6,8 @@
  * decode_rope_attention: rotary on the step's q and k (from the fused q/k/v product's
  *                        output), k and v written into the cache at the step's slot, then
  *                        the attention above: what torch did in ~10 operations a layer.
+ *                        Rows of one prompt (its cached slots copied to each) read those
+ *                        slots once for all their queries, then each row its own slots.
  * decode_add_rms:        the residual add, then Llama's RMSNorm of the sum.
  * decode_silu_mul:       silu(gate) * up from the fused gate/up product's output.
  * decode_sample_f32:     one token a row drawn from softmax(logits / temperature), min-p
@@ -26,6 +28,7 @@
  *   qkv  (n, (H + 2 KV) D): row i at qkv + i * qkv_row; q heads, then k heads, then v heads
  *   k, v (n, KV, T, D): contiguous (the cache, T slots)
  *   mask (n, S) bytes:  row i at mask + i * mask_row, nonzero = attend
+ *   gs   (nc + 1,) int64: row chunk c is rows gs[c] .. gs[c + 1] - 1, sharing slots < P
  *   cos, sin (positions, D): contiguous tables; pos (n,) int64: each row's position
  *   out  (n, KV, g, D) = (n, H D): contiguous
  */
@@ -81,39 +84,52 @@ static inline float exp_poly(float x0) {
 #define STORE_F32(x) (x)
 #define ROUND_F32(x) (x)
 
-/* One (row, head): g float32 queries (already scaled) over S slots of k and v, BLOCK slots
- * at a time: the block's scores, one running-maximum update per query, the block's exps in
- * one vectorised loop (exp_poly), then the values weighted by them. */
+/* Online-softmax state of up to MAX_Q float32 queries (row-major, MAX_D apart). */
+#define MAX_Q 64
+typedef struct {
+    float acc[MAX_Q][MAX_D], mx[MAX_Q], sum[MAX_Q];
+} attn_state;
+
+static void state_init(attn_state* st, int nq, int D) {
+    for (int j = 0; j < nq; j++) {
+        st->mx[j] = -INFINITY;
+        st->sum[j] = 0.f;
+        for (int d = 0; d < D; d++) st->acc[j][d] = 0.f;
+    }
+}
+
+/* nq float32 queries (already scaled; st's rows j0 .. j0 + nq - 1) over slots s_begin .. S - 1
+ * of k and v, BLOCK slots at a time: the block's scores, one running-maximum update per
+ * query, the block's exps in one vectorised loop (exp_poly), then the values weighted by
+ * them. Called once over a row's slots, or over a shared prefix for every query of the rows
+ * that share it and then over each row's own slots (the state carries across). */
 #define BLOCK 32
-#define DEFINE_ATTEND(NAME, T_, LOAD, STORE)                                                  \
-static void NAME(float qf[MAX_G][MAX_D], int g, int D, const T_* kb, const T_* vb,           \
-                 const uint8_t* m, long S, T_* ob) {                                          \
-    float acc[MAX_G][MAX_D], sc[MAX_G][BLOCK], kf[MAX_D], vf[MAX_D];                          \
-    float mx[MAX_G], sum[MAX_G];                                                              \
-    for (int j = 0; j < g; j++) {                                                             \
-        mx[j] = -INFINITY;                                                                    \
-        sum[j] = 0.f;                                                                         \
-        for (int d = 0; d < D; d++) acc[j][d] = 0.f;                                          \
-    }                                                                                         \
-    for (long s0 = 0; s0 < S; s0 += BLOCK) {                                                  \
+#define DEFINE_ATTEND(NAME, T_, LOAD)                                                         \
+static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,               \
+                 const uint8_t* m, long s_begin, long S, attn_state* st, int j0) {            \
+    float sc[MAX_Q][BLOCK], kf[MAX_D], vf[MAX_D];                                             \
+    float (*acc)[MAX_D] = st->acc + j0;                                                       \
+    float* mx = st->mx + j0;                                                                  \
+    float* sum = st->sum + j0;                                                                \
+    for (long s0 = s_begin; s0 < S; s0 += BLOCK) {                                            \
         int nb = S - s0 < BLOCK ? (int)(S - s0) : BLOCK;                                      \
         int any = 0;                                                                          \
         for (int b = 0; b < nb; b++) {                                                        \
             if (!m[s0 + b]) {                                                                 \
-                for (int j = 0; j < g; j++) sc[j][b] = -INFINITY;                             \
+                for (int j = 0; j < nq; j++) sc[j][b] = -INFINITY;                            \
                 continue;                                                                     \
             }                                                                                 \
             any = 1;                                                                          \
             const T_* kr = kb + (s0 + b) * D;                                                 \
             for (int d = 0; d < D; d++) kf[d] = LOAD(kr[d]);                                  \
-            for (int j = 0; j < g; j++) {                                                     \
+            for (int j = 0; j < nq; j++) {                                                    \
                 float t = 0.f;                                                                \
                 for (int d = 0; d < D; d++) t += qf[j][d] * kf[d];                            \
                 sc[j][b] = t;                                                                 \
             }                                                                                 \
         }                                                                                     \
         if (!any) continue;                                                                   \
-        for (int j = 0; j < g; j++) {                                                         \
+        for (int j = 0; j < nq; j++) {                                                        \
             float bm = -INFINITY;                                                             \
             for (int b = 0; b < nb; b++) bm = sc[j][b] > bm ? sc[j][b] : bm;                  \
             if (bm > mx[j]) { /* rescale what came before (exp(-inf) = 0 at the start) */     \
@@ -134,30 +150,38 @@ static void NAME(float qf[MAX_G][MAX_D], int g, int D, const T_* kb, const T_* v
             if (!m[s0 + b]) continue;                                                         \
             const T_* vr = vb + (s0 + b) * D;                                                 \
             for (int d = 0; d < D; d++) vf[d] = LOAD(vr[d]);                                  \
-            for (int j = 0; j < g; j++) {                                                     \
+            for (int j = 0; j < nq; j++) {                                                    \
                 float p = sc[j][b];                                                           \
                 for (int d = 0; d < D; d++) acc[j][d] += p * vf[d];                           \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
-    for (int j = 0; j < g; j++) {                                                             \
-        float r = sum[j] > 0.f ? 1.f / sum[j] : 0.f; /* no slot attended: zeros */            \
-        for (int d = 0; d < D; d++) ob[j * D + d] = STORE(acc[j][d] * r);                     \
+}
+
+/* st's queries j0 .. j0 + nq - 1 divided by their sums into ob (nq rows, D apart). */
+#define DEFINE_FINISH(NAME, T_, STORE)                                                        \
+static void NAME(const attn_state* st, int j0, int nq, int D, T_* ob) {                      \
+    for (int j = 0; j < nq; j++) {                                                            \
+        float s_ = st->sum[j0 + j];                                                           \
+        float r = s_ > 0.f ? 1.f / s_ : 0.f; /* no slot attended: zeros */                    \
+        for (int d = 0; d < D; d++) ob[j * D + d] = STORE(st->acc[j0 + j][d] * r);            \
     }                                                                                         \
 }
 
-#define DEFINE_ATTENTION(NAME, ATTEND, T_, LOAD)                                              \
+#define DEFINE_ATTENTION(NAME, ATTEND, FINISH, T_, LOAD)                                      \
 void NAME(const T_* q, long q_row, const T_* k, const T_* v, const uint8_t* mask,            \
           long mask_row, T_* out, int n, int KV, int g, int D, long T, long S, float scale) { \
     _Pragma("omp parallel for schedule(static)")                                              \
     for (long bh = 0; bh < (long)n * KV; bh++) {                                              \
         long i = bh / KV, h = bh % KV;                                                        \
         float qf[MAX_G][MAX_D];                                                               \
+        attn_state st;                                                                        \
         const T_* qb = q + i * q_row + h * (long)g * D;                                       \
         for (int j = 0; j < g; j++)                                                           \
             for (int d = 0; d < D; d++) qf[j][d] = LOAD(qb[j * D + d]) * scale;               \
-        ATTEND(qf, g, D, k + bh * T * D, v + bh * T * D, mask + i * mask_row, S,              \
-               out + bh * (long)g * D);                                                       \
+        state_init(&st, g, D);                                                                \
+        ATTEND(qf, g, D, k + bh * T * D, v + bh * T * D, mask + i * mask_row, 0, S, &st, 0);  \
+        FINISH(&st, 0, g, D, out + bh * (long)g * D);                                         \
     }                                                                                         \
 }
 
@@ -172,32 +196,52 @@ static inline void NAME(const T_* x, const T_* c, const T_* s, int D, float* out
     }                                                                                         \
 }
 
-#define DEFINE_ROPE_ATTENTION(NAME, ROPE, ATTEND, T_, LOAD, STORE)                            \
+/* Rows gs[c] .. gs[c + 1] - 1 (at most MAX_Q / g of them) form chunk c: rows whose cache
+ * slots 0 .. P - 1 hold the same keys and values and the same mask bits (the completions of
+ * one prompt, its keys and values copied to each), so those slots are read once, from the
+ * chunk's first row, for every query of the chunk, and each row's own slots P .. S - 1 after
+ * that. One row a chunk and P = 0: each row alone. Work is split over (chunk, head). */
+#define DEFINE_ROPE_ATTENTION(NAME, ROPE, ATTEND, FINISH, T_, LOAD, STORE)                    \
 void NAME(const T_* qkv, long qkv_row, int H, int KV, int D, const T_* cos, const T_* sin,   \
           const int64_t* pos, T_* kc, T_* vc, long T, long slot, const uint8_t* mask,         \
-          long mask_row, long S, float scale, T_* out, int n) {                               \
+          long mask_row, long S, float scale, T_* out, const int64_t* gs, int nc, long P) {   \
     int g = H / KV;                                                                           \
     _Pragma("omp parallel for schedule(static)")                                              \
-    for (long bh = 0; bh < (long)n * KV; bh++) {                                              \
-        long i = bh / KV, h = bh % KV;                                                        \
-        const T_* row = qkv + i * qkv_row;                                                    \
-        const T_* c = cos + pos[i] * D;                                                       \
-        const T_* s = sin + pos[i] * D;                                                       \
-        float qf[MAX_G][MAX_D], kr[MAX_D];                                                    \
-        ROPE(row + (long)(H + h) * D, c, s, D, kr);                                           \
-        T_* kdst = kc + (bh * T + slot) * D;                                                  \
-        T_* vdst = vc + (bh * T + slot) * D;                                                  \
-        const T_* vsrc = row + (long)(H + KV + h) * D;                                        \
-        for (int d = 0; d < D; d++) {                                                         \
-            kdst[d] = STORE(kr[d]);                                                           \
-            vdst[d] = vsrc[d];                                                                \
+    for (long ch = 0; ch < (long)nc * KV; ch++) {                                             \
+        long c = ch / KV, h = ch % KV, i0 = gs[c], i1 = gs[c + 1];                            \
+        float qf[MAX_Q][MAX_D], kr[MAX_D];                                                    \
+        attn_state st;                                                                        \
+        for (long i = i0; i < i1; i++) {                                                      \
+            const T_* row = qkv + i * qkv_row;                                                \
+            const T_* c_ = cos + pos[i] * D;                                                  \
+            const T_* s_ = sin + pos[i] * D;                                                  \
+            long bh = i * KV + h;                                                             \
+            ROPE(row + (long)(H + h) * D, c_, s_, D, kr);                                     \
+            T_* kdst = kc + (bh * T + slot) * D;                                              \
+            T_* vdst = vc + (bh * T + slot) * D;                                              \
+            const T_* vsrc = row + (long)(H + KV + h) * D;                                    \
+            for (int d = 0; d < D; d++) {                                                     \
+                kdst[d] = STORE(kr[d]);                                                       \
+                vdst[d] = vsrc[d];                                                            \
+            }                                                                                 \
+            for (int j = 0; j < g; j++) {                                                     \
+                float* qj = qf[(i - i0) * g + j];                                             \
+                ROPE(row + (h * (long)g + j) * D, c_, s_, D, qj);                             \
+                for (int d = 0; d < D; d++) qj[d] *= scale;                                   \
+            }                                                                                 \
         }                                                                                     \
-        for (int j = 0; j < g; j++) {                                                         \
-            ROPE(row + (h * (long)g + j) * D, c, s, D, qf[j]);                                \
-            for (int d = 0; d < D; d++) qf[j][d] *= scale;                                    \
+        int nq = (int)(i1 - i0) * g;                                                          \
+        long lead = i0 * KV + h, Pc = P < S ? P : S;                                          \
+        state_init(&st, nq, D);                                                               \
+        ATTEND(qf, nq, D, kc + lead * T * D, vc + lead * T * D, mask + i0 * mask_row, 0, Pc,  \
+               &st, 0);                                                                       \
+        for (long i = i0; i < i1; i++) {                                                      \
+            long bh = i * KV + h;                                                             \
+            int j0 = (int)(i - i0) * g;                                                       \
+            ATTEND(qf + j0, g, D, kc + bh * T * D, vc + bh * T * D, mask + i * mask_row, Pc,  \
+                   S, &st, j0);                                                               \
+            FINISH(&st, j0, g, D, out + bh * (long)g * D);                                    \
         }                                                                                     \
-        ATTEND(qf, g, D, kc + bh * T * D, vc + bh * T * D, mask + i * mask_row, S,            \
-               out + bh * (long)g * D);                                                       \
     }                                                                                         \
 }
 
@@ -240,16 +284,18 @@ void NAME(const T_* gu, T_* out, int n, int I) {                                
     }                                                                                         \
 }
 
-DEFINE_ATTEND(attend_bf16, uint16_t, from_bf16, to_bf16)
-DEFINE_ATTEND(attend_f32, float, LOAD_F32, STORE_F32)
-DEFINE_ATTENTION(decode_attention_bf16, attend_bf16, uint16_t, from_bf16)
-DEFINE_ATTENTION(decode_attention_f32, attend_f32, float, LOAD_F32)
+DEFINE_ATTEND(attend_bf16, uint16_t, from_bf16)
+DEFINE_ATTEND(attend_f32, float, LOAD_F32)
+DEFINE_FINISH(finish_bf16, uint16_t, to_bf16)
+DEFINE_FINISH(finish_f32, float, STORE_F32)
+DEFINE_ATTENTION(decode_attention_bf16, attend_bf16, finish_bf16, uint16_t, from_bf16)
+DEFINE_ATTENTION(decode_attention_f32, attend_f32, finish_f32, float, LOAD_F32)
 DEFINE_ROPE(rope_bf16, uint16_t, from_bf16, round_bf16)
 DEFINE_ROPE(rope_f32, float, LOAD_F32, ROUND_F32)
-DEFINE_ROPE_ATTENTION(decode_rope_attention_bf16, rope_bf16, attend_bf16, uint16_t, from_bf16,
-                      to_bf16)
-DEFINE_ROPE_ATTENTION(decode_rope_attention_f32, rope_f32, attend_f32, float, LOAD_F32,
-                      STORE_F32)
+DEFINE_ROPE_ATTENTION(decode_rope_attention_bf16, rope_bf16, attend_bf16, finish_bf16, uint16_t,
+                      from_bf16, to_bf16)
+DEFINE_ROPE_ATTENTION(decode_rope_attention_f32, rope_f32, attend_f32, finish_f32, float,
+                      LOAD_F32, STORE_F32)
 DEFINE_ADD_RMS(decode_add_rms_bf16, uint16_t, from_bf16, to_bf16, round_bf16)
 DEFINE_ADD_RMS(decode_add_rms_f32, float, LOAD_F32, STORE_F32, ROUND_F32)
 DEFINE_SILU_MUL(decode_silu_mul_bf16, uint16_t, from_bf16, to_bf16, round_bf16)

@@ -43,7 +43,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from grpokit.speed.kernels import decode_attention, step_kernels
+from grpokit.speed.kernels import decode_attention, row_chunks, step_kernels
 from grpokit.speed.weights import effective_weight, linear_parts
 
 _SUPPORTED = ("llama", "mistral", "qwen2")
@@ -252,10 +252,11 @@ class FastDecoder:
         values: list[torch.Tensor],
         slot: int,  # cache index of these tokens (the same for every row)
         attend: torch.Tensor,  # (n, slot + 1) bool: which cache entries each row sees
+        chunks=None,  # row_chunks(): rows whose first slots are the same (kernels only)
     ) -> torch.Tensor:
         """Logits (n, V) in float32 for the next token of each row."""
         if self.kernels is not None and ids.device.type == "cpu":
-            return self._step_kernels(ids, pos, keys, values, slot, attend)
+            return self._step_kernels(ids, pos, keys, values, slot, attend, chunks)
         n = ids.shape[0]
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         g = H // KV
@@ -289,7 +290,15 @@ class FastDecoder:
         x = _rms(x, self.norm_w, self.norm_eps)
         return self.head(x).float()
 
-    def _step_kernels(self, ids, pos, keys, values, slot, attend) -> torch.Tensor:
+    def row_chunks(self, group: torch.Tensor | None, n: int, prefix: int):
+        """What :meth:`step` takes as ``chunks``: rows with equal ``group`` ids (contiguous)
+        share their first ``prefix`` cache slots, so the attention reads those once for them
+        (kernels.row_chunks); None where the step does not run through the kernels."""
+        if self.kernels is None:
+            return None
+        return row_chunks(group, n, prefix, self.n_heads // self.n_kv, self.n_kv)
+
+    def _step_kernels(self, ids, pos, keys, values, slot, attend, chunks=None) -> torch.Tensor:
         """``step`` with the work between the products in C (``StepKernels``): per layer the
         four products and three calls, rotary + cache write + attention, residual add + norm
         (twice: the add closing the MLP opens the next layer's norm), SiLU x up."""
@@ -304,7 +313,7 @@ class FastDecoder:
         for i, ly in enumerate(L):
             o = K.rope_attention(
                 ly.qkv(h), self._cos, self._sin, pos, keys[i], values[i], slot, attend,
-                self.scale,
+                self.scale, chunks,
             )  # fmt: skip
             K.add_rms(x, ly.o(o), ly.ln2, ly.eps2, h)
             y = ly.down(K.silu_mul(ly.gu(h)))

@@ -11,7 +11,9 @@ once for the g query heads that share them, with an online softmax in float32; m
 32 rows x 3 key/value heads x 3 queries x 64 dims, bf16, 2 threads (25689c5, one process):
 0.22 -> 0.053 ms at 60 slots, 0.44 -> 0.17 ms at 200 (``bench/decode_attention.py``). :class:`StepKernels` does
 the rest of a layer's work between its products in three calls: rotary + cache write +
-attention, residual add + RMSNorm, SiLU x up. :func:`sample_tokens` draws the step's tokens
+attention, residual add + RMSNorm, SiLU x up; the completions of one prompt (its cached keys
+and values copied to each row) read the prompt's slots once for all their queries
+(:func:`row_chunks`). :func:`sample_tokens` draws the step's tokens
 from its float32 logits (temperature, min-p, inverse transform) in one call where torch ran
 softmax, a single-threaded cumsum and a search over (n, V).
 
@@ -97,7 +99,7 @@ def _load() -> ctypes.CDLL | None:
                 "decode_attention": [ptr, long_, ptr, ptr, ptr, long_, ptr, i, i, i, i, long_,
                                      long_, f],
                 "decode_rope_attention": [ptr, long_, i, i, i, ptr, ptr, ptr, ptr, ptr, long_,
-                                          long_, ptr, long_, long_, f, ptr, i],
+                                          long_, ptr, long_, long_, f, ptr, ptr, i, long_],
                 "decode_add_rms": [ptr, ptr, ptr, f, ptr, i, i],
                 "decode_silu_mul": [ptr, ptr, i, i],
             }  # fmt: skip
@@ -113,7 +115,42 @@ def _load() -> ctypes.CDLL | None:
     return _lib or None
 
 
-MAX_G, MAX_D = 16, 256  # decode_step.c's MAX_G, MAX_D
+MAX_G, MAX_D, MAX_Q = 16, 256, 64  # decode_step.c's MAX_G, MAX_D, MAX_Q
+
+
+class RowChunks:
+    """Which rows of a decode batch :meth:`StepKernels.rope_attention` takes together: chunk
+    c is rows ``starts[c] .. starts[c + 1] - 1``, whose first ``prefix`` cache slots hold the
+    same keys, values and mask bits (completions of one prompt), read once for the chunk.
+    Made only by :func:`row_chunks`, which bounds every chunk by what the kernel holds."""
+
+    def __init__(self, starts: torch.Tensor, prefix: int, n: int):
+        self.starts, self.prefix, self.n = starts, prefix, n
+        self.count = starts.numel() - 1
+
+
+def row_chunks(group: torch.Tensor | None, n: int, prefix: int, g: int, KV: int) -> RowChunks:
+    """Chunks of the ``n`` rows for :meth:`StepKernels.rope_attention`. ``group`` (n,): rows
+    with equal ids, contiguous, share their first ``prefix`` cache slots; None: no row shares
+    (every row its own chunk). A run of equal ids is split into chunks of at most MAX_Q // g
+    rows, and smaller ones while there would be fewer than two (chunk, head) items a thread."""
+    if group is None or prefix <= 0 or n == 0:
+        return RowChunks(torch.arange(n + 1, dtype=torch.int64), 0, n)
+    ids = group.tolist()
+    if len(ids) != n:
+        raise ValueError(f"row_chunks: {len(ids)} group ids for {n} rows")
+    cap = max(1, min(MAX_Q // g, (n * KV) // max(1, 2 * torch.get_num_threads())))
+    starts, seen = [0], {ids[0]}
+    for i in range(1, n):
+        if ids[i] != ids[i - 1]:
+            if ids[i] in seen:
+                raise ValueError("row_chunks: a group's rows are not contiguous")
+            seen.add(ids[i])
+            starts.append(i)
+        elif i - starts[-1] >= cap:
+            starts.append(i)
+    starts.append(n)
+    return RowChunks(torch.tensor(starts, dtype=torch.int64), int(prefix), n)
 
 
 def decode_attention(
@@ -172,16 +209,22 @@ class StepKernels:
         self._add_rms = getattr(lib, f"decode_add_rms_{sfx}")
         self._silu_mul = getattr(lib, f"decode_silu_mul_{sfx}")
 
-    def _need(self, ok: bool, what: str) -> None:
+    def _need(self, ok: bool, what) -> None:
         if not ok:
-            raise ValueError(f"decode kernel: {what}")
+            raise ValueError(f"decode kernel: {what() if callable(what) else what}")
 
-    def rope_attention(self, qkv, cos, sin, pos, kc, vc, slot: int, attend, scale: float):
+    def rope_attention(
+        self, qkv, cos, sin, pos, kc, vc, slot: int, attend, scale: float, chunks=None
+    ):
         """Rotary on the q and k heads of ``qkv`` (n, (H + 2 KV) D) at each row's position
         ``pos`` (n,) int64 (rows of the (P, D) ``cos``/``sin`` tables), k and v written into
         the caches ``kc``/``vc`` (n, KV, T, D) at ``slot``, then every query head's attention
-        over the first S slots that ``attend`` (n, S) bool allows. Returns (n, H D)."""
+        over the first S slots that ``attend`` (n, S) bool allows. ``chunks``
+        (:func:`row_chunks`): rows whose first slots are the same, read once for them all
+        (None: every row alone). Returns (n, H D)."""
         n = qkv.shape[0]
+        if chunks is None:
+            chunks = row_chunks(None, n, 0, self.H // self.KV, self.KV)
         H, KV, D = self.H, self.KV, self.D
         S = attend.shape[1]
         dt = self.dtype
@@ -205,15 +248,20 @@ class StepKernels:
             and attend.dtype == torch.bool
             and attend.shape[0] == n
             and attend.is_contiguous()
-            and 0 <= slot < S <= kc.shape[2],
-            f"rope_attention got qkv {tuple(qkv.shape)} {qkv.dtype}, cache {tuple(kc.shape)}, "
-            f"slot {slot}, mask {tuple(attend.shape)}",
+            and 0 <= slot < S <= kc.shape[2]
+            and isinstance(chunks, RowChunks)
+            and chunks.n == n
+            and chunks.prefix <= slot,
+            lambda: (
+                f"rope_attention got qkv {tuple(qkv.shape)} {qkv.dtype}, cache "
+                f"{tuple(kc.shape)}, slot {slot}, mask {tuple(attend.shape)}, chunks {chunks!r}"
+            ),
         )
         out = torch.empty((n, H * D), dtype=dt)
         self._rope_attention(
             qkv.data_ptr(), qkv.stride(0), H, KV, D, cos.data_ptr(), sin.data_ptr(),
             pos.data_ptr(), kc.data_ptr(), vc.data_ptr(), kc.shape[2], slot, attend.data_ptr(),
-            S, S, scale, out.data_ptr(), n,
+            S, S, scale, out.data_ptr(), chunks.starts.data_ptr(), chunks.count, chunks.prefix,
         )  # fmt: skip
         return out
 

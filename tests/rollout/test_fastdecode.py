@@ -318,3 +318,71 @@ def test_kept_decoders_are_reused_until_the_weights_change():
     assert fastdecode._kept is None
     assert not torch.equal(before, after)
     assert torch.equal(after, sample(model, ids, mask, **kw))  # = a decoder built afresh
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_of_one_prompt_read_its_slots_once_with_the_same_result(dtype, monkeypatch):
+    """rope_attention over row chunks (the completions of one prompt read the prompt's P
+    cached slots once, from the chunk's first row) gives what each row alone gives, up to the
+    order of the float sums; cache writes are the same bits. Prompts left-padded differently,
+    a prompt split over two chunks (the cap), and a row alone."""
+    from grpokit.speed import kernels as kmod
+    from grpokit.speed.kernels import row_chunks, step_kernels
+
+    H, KV, D, P, T = 6, 2, 16, 9, 14
+    K = step_kernels(dtype, H, KV, D)
+    if K is None:
+        pytest.skip("no C compiler: the kernels are not built")
+    gen = torch.Generator().manual_seed(0)
+    group = torch.tensor([0, 0, 0, 0, 0, 1, 1, 2])
+    n, slot = group.numel(), P + 3
+    prompt_k = torch.randn(3, KV, P, D, generator=gen)
+    prompt_v = torch.randn(3, KV, P, D, generator=gen)
+    kc = torch.randn(n, KV, T, D, generator=gen).to(dtype)  # own slots differ by row
+    vc = torch.randn(n, KV, T, D, generator=gen).to(dtype)
+    kc[:, :, :P], vc[:, :, :P] = prompt_k[group].to(dtype), prompt_v[group].to(dtype)
+    attend = torch.ones(n, slot + 1, dtype=torch.bool)
+    pad = torch.tensor([2, 0, 4])[group]  # left padding of each prompt
+    for i in range(n):
+        attend[i, : pad[i]] = False
+    attend[3, P + 1] = False  # a row's own masked slot
+    qkv = torch.randn(n, (H + 2 * KV) * D, generator=gen).to(dtype)
+    cos, sin = (
+        torch.randn(T, D, generator=gen).to(dtype),
+        torch.randn(T, D, generator=gen).to(dtype),
+    )
+    pos = (torch.arange(n) % 3 + slot - 2).long()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(kmod, "MAX_Q", 4 * (H // KV))  # at most 4 rows a chunk: 0-3 | 4 | ...
+    chunks = row_chunks(group, n, P, H // KV, KV)
+    assert chunks.starts.tolist() == [0, 4, 5, 7, 8] and chunks.prefix == P
+    caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+    outs = [
+        K.rope_attention(qkv, cos, sin, pos, k, v, slot, attend, 0.25, c)
+        for (k, v), c in zip(caches, (chunks, None))
+    ]
+    tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.02, rtol=0.02)
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), **tol)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+
+
+def test_row_chunks_refuse_rows_they_cannot_share():
+    from grpokit.speed.kernels import row_chunks
+
+    assert row_chunks(None, 3, 5, 3, 3).starts.tolist() == [0, 1, 2, 3]
+    assert row_chunks(torch.tensor([0, 0, 1]), 3, 0, 3, 3).starts.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="not contiguous"):
+        row_chunks(torch.tensor([0, 1, 0]), 3, 5, 3, 3)
+    with pytest.raises(ValueError, match="group ids"):
+        row_chunks(torch.tensor([0, 0]), 3, 5, 3, 3)
+    K_ = __import__("grpokit.speed.kernels", fromlist=["step_kernels"]).step_kernels(
+        torch.float32, 4, 2, 8
+    )
+    if K_ is None:
+        pytest.skip("no C compiler: the kernels are not built")
+    qkv, kc = torch.randn(2, 64), torch.zeros(2, 2, 6, 8)
+    cos, sin, pos = torch.randn(6, 8), torch.randn(6, 8), torch.tensor([3, 3])
+    attend = torch.ones(2, 4, dtype=torch.bool)
+    for bad in (row_chunks(None, 3, 0, 2, 2), row_chunks(torch.tensor([0, 0]), 2, 5, 2, 2)):
+        with pytest.raises(ValueError, match="decode kernel"):  # other n; prefix past slot
+            K_.rope_attention(qkv, cos, sin, pos, kc, kc.clone(), 3, attend, 0.3, bad)
