@@ -412,8 +412,8 @@ def _draw_tokens(logits: torch.Tensor, choice: _Choice) -> torch.Tensor:
     no top-k/top-p filter and float32 logits the C kernel does it all in one call (the torch
     ops below were ~6 ms a step at 32 x 49,152, single-threaded cumsum included); it takes
     its uniforms from the generator as :func:`draw` does, so both choose the same tokens up
-    to float rounding at a token's boundary, and a row it cannot draw (NaN, all -inf) falls
-    back to the torch ops with the same uniforms."""
+    to float rounding at a token's boundary; when a row is not drawable there (NaN, all
+    -inf) the whole step falls back to the torch ops with the same uniforms."""
     u = None
     top_k = choice.top_k if choice.top_k and choice.top_k < logits.shape[-1] else None
     if top_k is None and choice.top_p >= 1.0 and logits.dtype == torch.float32:

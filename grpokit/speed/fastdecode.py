@@ -307,6 +307,8 @@ class FastDecoder:
             raise IndexError(f"decode position past the rotary tables ({self._cos.shape[0]})")
         pos = pos.contiguous()
         attend = attend.contiguous()
+        if chunks is None:  # every row alone, made once for all layers
+            chunks = self.row_chunks(None, ids.shape[0], 0)
         x = self.embed(ids).contiguous()  # (n, C): the residual stream, updated in place
         h = torch.empty_like(x)
         K.add_rms(x, None, L[0].ln1, L[0].eps1, h)
