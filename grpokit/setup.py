@@ -40,6 +40,7 @@ from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.hf import HFRolloutEngine
 from grpokit.scoring import reward_name
 from grpokit.speed.cpu import warn_if_bf16_is_emulated
+from grpokit.speed.pool import install as install_pool
 from grpokit.speed.weights import sparse_tied_embedding_grad
 from grpokit.tools.template import named_chat_template
 from grpokit.update import GradientPass, SamplingCorrection
@@ -271,6 +272,8 @@ def disable_dropout(model: torch.nn.Module) -> int:
 def build_models(cfg: GRPOConfig, device: torch.device, strategy) -> Models:
     from grpokit.models import load_model_and_tokenizer
 
+    if device.type == "cpu" and cfg.cpu_memory_pool:  # before any weight (speed/pool.py)
+        install_pool()
     model, tokenizer, source = load_model_and_tokenizer(
         cfg.model_name_or_path,
         dtype=cfg.torch_dtype,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 
+from grpokit.speed import pool
+
 log = logging.getLogger("grpokit")
 
 TRIM_SLACK_BYTES = 1 << 30
@@ -64,8 +66,10 @@ class HeapRelease:
         if rss < self.base + max(TRIM_SLACK_BYTES, self.base // 4):
             return
         libc = _libc()
-        if libc:
-            libc.malloc_trim(0)
+        if libc or pool.installed():
+            if libc:
+                libc.malloc_trim(0)
+            pool.release()  # the pool's free pages (speed/pool.py)
             log.info(
                 "released freed heap memory: RSS %.2f -> %.2f GB",
                 rss / 1e9,

@@ -69,18 +69,24 @@ def library_path() -> Path:
     return grpokit_cache() / "kernels" / f"decode_step-{h.hexdigest()[:16]}.so"
 
 
-def _build(dest: Path) -> None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise RuntimeError("no C compiler (cc, gcc or $CC)")
+def build_library(dest: Path, compile_to) -> None:
+    """Run ``compile_to(out)`` (a command line writing a library to ``out``) into a
+    temporary file beside ``dest``, then move it to ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         out = Path(tmp) / dest.name
-        cmd = [cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"]
+        cmd = compile_to(out)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
         os.replace(out, dest)  # atomic: a concurrent build or load sees a whole file
+
+
+def _build(dest: Path) -> None:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise RuntimeError("no C compiler (cc, gcc or $CC)")
+    build_library(dest, lambda out: [cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"])
 
 
 def _load() -> ctypes.CDLL | None:
