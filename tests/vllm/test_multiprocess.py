@@ -94,8 +94,17 @@ def _assert_same_run(one: Path, two: Path) -> None:
     wa = load_file(str(one / "final" / "model.safetensors"))
     wb = load_file(str(two / "final" / "model.safetensors"))
     assert set(wa) == set(wb)
+    # Three AdamW steps at lr 1e-2 move a weight by up to 3e-2. The two layouts sum each
+    # gradient in another order, and where an entry's second moment is near zero AdamW
+    # turns a last-bit difference into up to ~1% of one step (measured 2026-11-28: 6.2e-5 on
+    # one entry of 8,192, every other entry within 5.1e-5). A layout bug (a gradient not
+    # averaged over processes, a row trained twice) moves most entries by a whole step.
+    over = total = 0
     for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=5e-5, rtol=1e-4, msg=k)
+        torch.testing.assert_close(wa[k], wb[k], atol=2e-4, rtol=1e-4, msg=k)
+        over += int(((wa[k] - wb[k]).abs() > 5e-5 + 1e-4 * wb[k].abs()).sum())
+        total += wa[k].numel()
+    assert over <= total // 10_000, f"{over} of {total} weights differ by more than 5e-5"
 
 
 @pytest.fixture(scope="module")
