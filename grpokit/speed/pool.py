@@ -72,12 +72,18 @@ def _build(dest: Path) -> None:
 
 
 def _reserve_bytes() -> int:
-    """Address range to reserve (not memory): twice the machine's RAM, at least 16 GiB."""
+    """Address range to reserve (not memory): twice the machine's RAM, at least 16 GiB, and
+    at most a quarter of the process's address-space limit (``ulimit -v``) when it has one
+    (the range counts against it; blocks the pool cannot hold go to torch's allocator)."""
+    import resource
+
     try:
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         ram = 0
-    return max(2 * ram, 16 << 30)
+    want = max(2 * ram, 16 << 30)
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return want if limit == resource.RLIM_INFINITY else min(want, limit // 4)
 
 
 def install() -> bool:

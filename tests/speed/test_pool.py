@@ -150,3 +150,15 @@ def test_without_a_compiler_torch_keeps_its_allocator(monkeypatch, tmp_path):
     monkeypatch.setattr(pool, "_lib", None)
     monkeypatch.setenv("GRPOKIT_NO_POOL", "1")
     assert pool.install() is False
+
+
+def test_an_address_space_limit_bounds_the_reserved_range():
+    # (in the child: the limit is set before the pool is installed)
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (64 << 30, 64 << 30))\n"
+        "import torch\nfrom grpokit.speed import pool\nassert pool.install()\n"
+        "assert pool.stats()['reserved'] == 16 << 30, pool.stats()\n"
+        "t = torch.ones(8 << 20); assert float(t.sum()) == 8 << 20\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
