@@ -4,6 +4,7 @@ and the config switch. The pool is process-wide, so each check runs in a fresh p
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,11 @@ import torch
 
 from grpokit.speed import pool
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+needs_cxx = pytest.mark.skipif(
+    not (shutil.which("c++") or shutil.which("g++")),
+    reason="no C++ compiler: the pool is not built",
+)
 
 MiB = 1 << 20
 
@@ -27,6 +32,8 @@ def run_fresh(body: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@linux_only
+@needs_cxx
 def test_a_freed_block_is_reused_and_neighbours_merge():
     run_fresh(
         f"""
@@ -52,6 +59,8 @@ def test_a_freed_block_is_reused_and_neighbours_merge():
     )
 
 
+@linux_only
+@needs_cxx
 def test_small_tensors_stay_with_torch_and_sizes_round_to_pages():
     run_fresh(
         """
@@ -65,6 +74,8 @@ def test_small_tensors_stay_with_torch_and_sizes_round_to_pages():
     )
 
 
+@linux_only
+@needs_cxx
 def test_values_through_products_autograd_and_raw_allocations():
     # bf16 products go through oneDNN, whose scratch space torch allocates raw
     # (raw_allocate / raw_deallocate route through the pool's deleter)
@@ -88,6 +99,8 @@ def test_values_through_products_autograd_and_raw_allocations():
     )
 
 
+@linux_only
+@needs_cxx
 def test_a_forked_child_allocates_and_frees():
     run_fresh(
         """
@@ -107,6 +120,8 @@ def test_a_forked_child_allocates_and_frees():
     )
 
 
+@linux_only
+@needs_cxx
 def test_release_returns_free_pages_and_blocks_work_after():
     run_fresh(
         """
@@ -142,6 +157,7 @@ def test_the_trainer_installs_it_only_when_asked(monkeypatch, tmp_path):
         assert len(calls) == want, (flag, device)
 
 
+@linux_only
 def test_without_a_compiler_torch_keeps_its_allocator(monkeypatch, tmp_path):
     monkeypatch.setattr(pool, "_lib", None)
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
@@ -152,6 +168,8 @@ def test_without_a_compiler_torch_keeps_its_allocator(monkeypatch, tmp_path):
     assert pool.install() is False
 
 
+@linux_only
+@needs_cxx
 def test_an_address_space_limit_bounds_the_reserved_range():
     # (in the child: the limit is set before the pool is installed)
     code = (
