@@ -1,5 +1,6 @@
-"""C kernels for the decode loop (``decode_step.c``), compiled on first use with the
-machine's C compiler for the machine's own CPU, and loaded with ctypes.
+"""C kernels for the decode loop (``decode_step.c``) and the training attention's backward
+(``attention_train.c``), compiled on first use into one library with the machine's C compiler
+for the machine's own CPU, and loaded with ctypes.
 
 Why: a decode step of SmolLM2-135M at 32 rows does a few ms of matrix products, and around
 them ~20 small torch operations a layer (norms, rotary, cache writes, attention, SiLU,
@@ -17,9 +18,15 @@ and values copied to each row) read the prompt's slots once for all their querie
 from its float32 logits (temperature, min-p, inverse transform) in one call where torch ran
 softmax, a single-threaded cumsum and a search over (n, V).
 
+:func:`attention_grad_scores` is the middle of the training attention's backward
+(``grpokit/speed/attention.py``): from the saved q, k, v, output and the output's gradient, the
+softmax P and its gradient dS in the inputs' dtype, in one pass per key/value head instead of
+~12 torch passes over float32 (rows, heads, queries, keys) tensors.
+
 Nothing here is required: no compiler, a failed build, another platform, or
-``GRPOKIT_NO_KERNELS=1`` leave :func:`decode_attention` and :func:`step_kernels` returning
-None, and the caller keeps torch's operations (the same numbers up to float summation order).
+``GRPOKIT_NO_KERNELS=1`` leave :func:`decode_attention`, :func:`step_kernels` and
+:func:`attention_grad_scores` returning None, and the caller keeps torch's operations (the
+same numbers up to float summation order).
 The build runs once per source and CPU into ``$GRPOKIT_CACHE`` (default ``~/.cache/grpokit``)
 ``/kernels``: the flag ``-march=native`` makes the library specific to the CPU that built it,
 so the CPU's model and flags are part of the file name. It links OpenMP by the name torch's
@@ -46,7 +53,7 @@ from grpokit.models import grpokit_cache
 
 log = logging.getLogger("grpokit")
 
-SOURCE = Path(__file__).with_name("decode_step.c")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("decode_step.c", "attention_train.c"))
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]  # fmt: skip
 _lib: ctypes.CDLL | None | bool = None  # False: tried, unavailable
@@ -62,11 +69,11 @@ def _cpu_key() -> str:
 
 
 def library_path() -> Path:
-    """Where the build for this source, these flags and this CPU lives."""
+    """Where the build for these sources, these flags and this CPU lives."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_key().encode()):
+    for part in (*(s.read_bytes() for s in SOURCES), " ".join(FLAGS).encode(), _cpu_key().encode()):
         h.update(part)
-    return grpokit_cache() / "kernels" / f"decode_step-{h.hexdigest()[:16]}.so"
+    return grpokit_cache() / "kernels" / f"kernels-{h.hexdigest()[:16]}.so"
 
 
 def build_library(dest: Path, compile_to) -> None:
@@ -86,7 +93,7 @@ def _build(dest: Path) -> None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise RuntimeError("no C compiler (cc, gcc or $CC)")
-    build_library(dest, lambda out: [cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"])
+    build_library(dest, lambda out: [cc, *FLAGS, *map(str, SOURCES), "-o", str(out), "-lm"])
 
 
 def _load() -> ctypes.CDLL | None:
@@ -115,9 +122,13 @@ def _load() -> ctypes.CDLL | None:
                     fn.argtypes, fn.restype = args, None
             lib.decode_sample_f32.argtypes = [ptr, long_, i, i, f, f, ptr, ptr]
             lib.decode_sample_f32.restype = long_
+            for suffix in ("bf16", "f32"):
+                fn = getattr(lib, f"attention_grad_scores_{suffix}")
+                fn.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f, ptr, ptr]
+                fn.restype = i
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
-            log.info("decode attention kernel unavailable (%s); using torch's attention", e)
+            log.info("C kernels unavailable (%s); using torch's operations", e)
     return _lib or None
 
 
@@ -342,3 +353,38 @@ def step_kernels(dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int):
         return None
     lib = _load()
     return None if lib is None else StepKernels(lib, dtype, n_heads, n_kv, head_dim)
+
+
+def attention_grad_scores(q, k, v, out, g_out, mask, scale: float):
+    """The softmax P and its gradient dS of attention over q (B, G, M, D) and k, v (B, G, N,
+    D) with ``mask`` (B or 1, 1, M, N) bool (True = attend) or None, given the attention's
+    output ``out`` and its gradient ``g_out`` (B, G, M, D): ``P = softmax(scale q k^T)`` over
+    the allowed keys (rows that allow none: 0) and ``dS = P (g_out v^T - rowsum(g_out out))
+    scale``, sums and softmax in float32, both returned in q's dtype. None when the kernel does
+    not apply (no library, another dtype or device, non-contiguous inputs)."""
+    B, G, M, D = q.shape
+    N = k.shape[2]
+    dt = q.dtype
+    ts = (q, k, v, out, g_out)
+    if (
+        dt not in _SUFFIX
+        or q.device.type != "cpu"
+        or any(t.dtype != dt or not t.is_contiguous() for t in ts)
+        or k.shape != (B, G, N, D)
+        or v.shape != k.shape
+        or out.shape != q.shape
+        or g_out.shape != q.shape
+        or (mask is not None and (mask.dtype != torch.bool or not mask.is_contiguous()
+                                  or mask.shape not in ((B, 1, M, N), (1, 1, M, N))))
+    ):  # fmt: skip
+        return None
+    lib = _load()
+    if lib is None:
+        return None
+    P = torch.empty((B, G, M, N), dtype=dt)
+    dS = torch.empty_like(P)
+    mask_b = 0 if mask is None or mask.shape[0] == 1 else M * N
+    fn = getattr(lib, f"attention_grad_scores_{_SUFFIX[dt]}")
+    failed = fn(*(t.data_ptr() for t in ts), None if mask is None else mask.data_ptr(), mask_b,
+                G, B * G, M, N, D, scale, P.data_ptr(), dS.data_ptr())  # fmt: skip
+    return None if failed else (P, dS)

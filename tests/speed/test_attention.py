@@ -3,12 +3,18 @@ autograd, alone and inside the trainer's training forward."""
 
 import contextlib
 import dataclasses
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from grpokit.speed import attention as A
+from grpokit.speed import kernels
+
+needs_cc = pytest.mark.skipif(
+    not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler: the kernel is not built"
+)
 
 
 def _repeat(x, r):
@@ -56,6 +62,80 @@ def test_attention_matches_sdpa_autograd(dtype, atol, monkeypatch):
     monkeypatch.setattr(A, "_BLOCK_BYTES", 1)
     for a, b in zip(_grads(ours, q, k, v, up), got):
         assert torch.equal(a, b)
+
+
+def _both_paths(dtype, monkeypatch, mask_kind="rows", **shape):
+    """Outputs and gradients of A.attention by the C kernel's backward and by torch's."""
+    q, k, v, mask, up = _inputs(dtype, **shape)
+    if mask_kind == "shared":
+        mask = mask[:1]
+    elif mask_kind == "none":
+        mask = None
+    scale = q.shape[-1] ** -0.5
+
+    def ours(q, k, v):
+        return A.attention(q, k, v, mask, scale)
+
+    monkeypatch.setattr(A, "FLOAT32_TOO", True)
+    monkeypatch.setattr(A, "USE_KERNEL", True)
+    calls = []
+    real = kernels.attention_grad_scores
+    monkeypatch.setattr(kernels, "attention_grad_scores", lambda *a: calls.append(1) or real(*a))
+    got = _grads(ours, q, k, v, up)
+    assert calls, "the kernel was not called"
+    monkeypatch.setattr(A, "USE_KERNEL", False)
+    calls.clear()
+    expect = _grads(ours, q, k, v, up)
+    assert not calls
+    return got, expect
+
+
+@needs_cc
+@pytest.mark.parametrize("mask_kind", ["rows", "shared", "none"])
+@pytest.mark.parametrize(
+    "shape",
+    [dict(), dict(B=3, H=9, G=3, Lq=21, Lk=37, D=64), dict(B=3, H=2, G=1, Lq=5, Lk=16, D=16)],
+)
+def test_kernel_backward_equals_the_torch_backward_float32(shape, mask_kind, monkeypatch):
+    """float32: the same mathematics, only sums in another order (a query row without keys
+    gets zero gradients on both paths); odd key counts (past the kernel's 16-key blocks),
+    query counts past its 4-row blocks, one mask for all rows, no mask."""
+    got, expect = _both_paths(torch.float32, monkeypatch, mask_kind, **shape)
+    for a, b in zip(got, expect):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+
+
+@needs_cc
+def test_kernel_backward_rounds_where_the_torch_backward_rounds_bf16(monkeypatch):
+    """bf16: P and dS rounded to bf16 before the products that consume them, on both paths;
+    they differ only where a float32 sum in another order lands on the other side of a bf16
+    rounding boundary (one unit in the last place on a few entries)."""
+    got, expect = _both_paths(torch.bfloat16, monkeypatch, B=4, H=9, G=3, Lq=33, Lk=40, D=64)
+    for a, b in zip(got[1:], expect[1:]):
+        diff = (a.float() - b.float()).abs()
+        assert (diff > 0).float().mean() < 0.02
+        torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=2e-2)
+
+
+@needs_cc
+def test_kernel_scores_alone():
+    """P and dS of the kernel against their definition in float64."""
+    q, k, v, mask, up = _inputs(torch.float32, B=3, H=4, G=2, Lq=6, Lk=19, D=32)
+    qp = q.reshape(3, 2, 12, 32)
+    mp = A.grouped_mask(mask, 2)
+    out = torch.randn(3, 2, 12, 32)
+    g = up.reshape(3, 2, 12, 32)
+    P, dS = kernels.attention_grad_scores(qp, k, v, out, g, mp, 0.3)
+    S = (qp.double() @ k.double().transpose(-1, -2) * 0.3).masked_fill(~mp, float("-inf"))
+    Pd = torch.softmax(S, -1).nan_to_num(0.0)
+    dP = g.double() @ v.double().transpose(-1, -2)
+    dSd = Pd * (dP - (g.double() * out.double()).sum(-1, keepdim=True)) * 0.3
+    torch.testing.assert_close(P.double(), Pd, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(dS.double(), dSd, atol=1e-5, rtol=1e-4)
+    dead = [0, 6]  # query 0 of both stacked query heads sees no key (row 2)
+    assert (P[2, :, dead] == 0).all() and (dS[2, :, dead] == 0).all()
+    assert kernels.attention_grad_scores(qp.double(), k, v, out, g, mp, 0.3) is None
 
 
 def test_attention_without_mask_and_causal():

@@ -1,0 +1,200 @@
+/* The elementwise middle of the training attention's backward, for grpokit/speed/attention.py
+ * (grpokit/speed/kernels.py builds and loads this file; the Python side checks every dtype,
+ * shape and stride before calling). A bf16 and a float32 form.
+ *
+ * attention_grad_scores: for every (batch x key/value head) bh and query row i,
+ *     s_j  = scale * q_i . k_j           (float32 sums of the inputs' values)
+ *     p_j  = softmax_j(s_j) over the keys the mask allows (0 elsewhere; a row that allows
+ *            none is all 0)
+ *     dp_j = dO_i . v_j,  delta = dO_i . O_i
+ *     ds_j = p_j (dp_j - delta) scale
+ * and writes P and dS in the inputs' dtype (rounded to nearest even): what attention.py's
+ * torch backward computed in ~12 passes over float32 (rows, heads, queries, keys) tensors
+ * (two float32 sgemms among them), here in one pass whose (queries, keys) tile stays in the
+ * cache. The three products that consume P and dS stay torch's (bf16 products).
+ *
+ * The products are blocked four query rows x sixteen keys at a time over a transposed float32
+ * copy of the head's keys and values, so the compiler keeps the block's sums in vector
+ * registers; key columns past the last one any row of the block may attend are skipped.
+ *
+ * Layouts (contiguous): q, o, dO (BH, M, D); k, v (BH, N, D); mask bytes (Bm, M, N), nonzero
+ * = attend, batch entry bh / G at mask + (bh / G) * mask_b (mask_b = 0: one mask for all),
+ * or NULL (every key); P, dS (BH, M, N).
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS 4 /* query rows a block */
+#define LANES 16 /* keys a block: one AVX-512 float32 vector, two AVX2 ones */
+
+static inline float from_bf16(uint16_t x) {
+    union { uint32_t u; float f; } c;
+    c.u = ((uint32_t)x) << 16;
+    return c.f;
+}
+
+static inline uint16_t to_bf16(float f) { /* branch-free, so that loops vectorize */
+    union { uint32_t u; float f; } c;
+    c.f = f;
+    uint32_t rounded = (c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (c.u >> 16) | 0x40u;
+    return (uint16_t)((c.u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+/* exp(x) in plain arithmetic so that loops calling it vectorize (as decode_step.c's):
+ * 2^k exp(r), Cephes' degree-6 polynomial, within 2 ulp from -87.3 to 88.3, 0 below. */
+static inline float exp_poly(float x0) {
+    float x = x0 < -87.3f ? -87.3f : x0;
+    x = x > 88.3f ? 88.3f : x;
+    int k = (int)floorf(x * 1.44269504088896341f + 0.5f);
+    float kf = (float)k;
+    float r = fmaf(kf, -0.693359375f, x);
+    r = fmaf(kf, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    union { uint32_t u; float f; } c;
+    c.u = (uint32_t)(k + 127) << 23;
+    return x0 < -87.3f ? 0.f : p * c.f;
+}
+
+#define LOAD_F32(x) (x)
+#define STORE_F32(x) (x)
+
+/* One key/value head's rows i0 .. i0 + nr - 1 (nr <= ROWS): their scores and dO . v over key
+ * columns 0 .. jend - 1 (a multiple of LANES; kt, vt are (D, Np) float32, zero past N). */
+typedef float vfloat __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
+
+static void block_products(const float* qf, const float* gf, const float* kt, const float* vt,
+                           int D, long Np, long jend, float* s, float* dp) {
+    for (long j0 = 0; j0 < jend; j0 += LANES) {
+        vfloat as[ROWS], ad[ROWS];
+        for (int r = 0; r < ROWS; r++) as[r] = ad[r] = (vfloat){0};
+        for (int d = 0; d < D; d++) {
+            vfloat kr = *(const vfloat*)(kt + d * Np + j0);
+            vfloat vr = *(const vfloat*)(vt + d * Np + j0);
+            for (int r = 0; r < ROWS; r++) {
+                as[r] += qf[r * D + d] * kr;
+                ad[r] += gf[r * D + d] * vr;
+            }
+        }
+        for (int r = 0; r < ROWS; r++) {
+            *(vfloat*)(s + r * Np + j0) = as[r];
+            *(vfloat*)(dp + r * Np + j0) = ad[r];
+        }
+    }
+}
+
+#define DEFINE_GRAD_SCORES(NAME, T_, LOAD, STORE)                                             \
+int NAME(const T_* q, const T_* k, const T_* v, const T_* o, const T_* go,                   \
+          const uint8_t* mask, long mask_b, int G, int BH, int M, int N, int D, float scale,  \
+          T_* P, T_* dS) {                                                                    \
+    long Np = ((long)N + LANES - 1) / LANES * LANES;                                          \
+    int blocks = (M + ROWS - 1) / ROWS;                                                       \
+    int per_task = 16; /* row blocks a task: each task transposes its head's keys once */      \
+    int tasks_bh = (blocks + per_task - 1) / per_task, failed = 0;                            \
+    _Pragma("omp parallel")                                                                   \
+    {                                                                                         \
+        float* kt = malloc(sizeof(float) * (2 * D * Np + 4 * ROWS * Np + 3 * ROWS * D));      \
+        float* vt = kt + D * Np;                                                              \
+        float* s = vt + D * Np;                                                               \
+        float* dp = s + ROWS * Np;                                                            \
+        float* qf = dp + ROWS * Np;                                                           \
+        float* gf = qf + ROWS * D;                                                            \
+        float* delta = gf + ROWS * D;                                                         \
+        long loaded = -1;                                                                     \
+        if (!kt) {                                                                            \
+            _Pragma("omp atomic write")                                                       \
+            failed = 1;                                                                       \
+        }                                                                                     \
+        _Pragma("omp for schedule(static)")                                                   \
+        for (long task = 0; task < (long)BH * tasks_bh; task++) {                             \
+            if (!kt) continue;                                                                \
+            long bh = task / tasks_bh;                                                        \
+            int b0 = (int)(task % tasks_bh) * per_task;                                       \
+            int b1 = b0 + per_task < blocks ? b0 + per_task : blocks;                         \
+            const T_* kh = k + bh * (long)N * D;                                              \
+            const T_* vh = v + bh * (long)N * D;                                              \
+            const uint8_t* mh = mask ? mask + (bh / G) * mask_b : NULL;                       \
+            if (loaded != bh) {                                                               \
+                for (int d = 0; d < D; d++) {                                                 \
+                    for (long j = 0; j < N; j++) {                                            \
+                        kt[d * Np + j] = LOAD(kh[j * D + d]);                                 \
+                        vt[d * Np + j] = LOAD(vh[j * D + d]);                                 \
+                    }                                                                         \
+                    for (long j = N; j < Np; j++) kt[d * Np + j] = vt[d * Np + j] = 0.f;      \
+                }                                                                             \
+                loaded = bh;                                                                  \
+            }                                                                                 \
+            for (int blk = b0; blk < b1; blk++) {                                             \
+                int i0 = blk * ROWS, nr = M - i0 < ROWS ? M - i0 : ROWS;                      \
+                long jend = 0; /* past the last key any row of the block attends */           \
+                for (int r = 0; r < ROWS; r++) {                                              \
+                    long i = i0 + (r < nr ? r : 0);                                           \
+                    const T_* qi = q + (bh * M + i) * (long)D;                                \
+                    const T_* gi = go + (bh * M + i) * (long)D;                               \
+                    const T_* oi = o + (bh * M + i) * (long)D;                                \
+                    float dl = 0.f;                                                           \
+                    for (int d = 0; d < D; d++) {                                             \
+                        qf[r * D + d] = LOAD(qi[d]);                                          \
+                        gf[r * D + d] = LOAD(gi[d]);                                          \
+                        dl += gf[r * D + d] * LOAD(oi[d]);                                    \
+                    }                                                                         \
+                    delta[r] = dl;                                                            \
+                    long last = N;                                                            \
+                    if (mh) {                                                                 \
+                        const uint8_t* mr = mh + i * (long)N;                                 \
+                        while (last > 0 && !mr[last - 1]) last--;                             \
+                    }                                                                         \
+                    if (last > jend) jend = last;                                             \
+                }                                                                             \
+                jend = (jend + LANES - 1) / LANES * LANES;                                    \
+                block_products(qf, gf, kt, vt, D, Np, jend, s, dp);                           \
+                for (int r = 0; r < nr; r++) {                                                \
+                    long i = i0 + r;                                                          \
+                    const uint8_t* mr = mh ? mh + i * (long)N : NULL;                         \
+                    float* sr = s + r * Np;                                                   \
+                    float* dr = dp + r * Np;                                                  \
+                    long lim = jend < N ? jend : N;                                           \
+                    float mx = -INFINITY;                                                     \
+                    for (long j = 0; j < lim; j++) {                                          \
+                        float x = (!mr || mr[j]) ? sr[j] * scale : -INFINITY;                 \
+                        sr[j] = x;                                                            \
+                        mx = x > mx ? x : mx;                                                 \
+                    }                                                                         \
+                    T_* pr = P + (bh * M + i) * (long)N;                                      \
+                    T_* dsr = dS + (bh * M + i) * (long)N;                                    \
+                    if (mx == -INFINITY) { /* no key: P and dS are 0 (torch: NaN, zeroed) */  \
+                        for (long j = 0; j < N; j++) pr[j] = dsr[j] = STORE(0.f);             \
+                        continue;                                                             \
+                    }                                                                         \
+                    float z = 0.f;                                                            \
+                    for (long j = 0; j < lim; j++) {                                          \
+                        float e = exp_poly(sr[j] - mx); /* masked: exp(-inf) = 0 */           \
+                        sr[j] = e;                                                            \
+                        z += e;                                                               \
+                    }                                                                         \
+                    float rz = 1.f / z, dl = delta[r];                                        \
+                    for (long j = 0; j < lim; j++) {                                          \
+                        float p = sr[j] * rz;                                                 \
+                        pr[j] = STORE(p);                                                     \
+                        dsr[j] = STORE(p * (dr[j] - dl) * scale);                             \
+                    }                                                                         \
+                    for (long j = lim; j < N; j++) pr[j] = dsr[j] = STORE(0.f);               \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        free(kt);                                                                             \
+    }                                                                                         \
+    return failed; /* 1: out of memory, P and dS incomplete */                                \
+}
+
+DEFINE_GRAD_SCORES(attention_grad_scores_bf16, uint16_t, from_bf16, to_bf16)
+DEFINE_GRAD_SCORES(attention_grad_scores_f32, float, LOAD_F32, STORE_F32)
