@@ -126,6 +126,9 @@ def _load() -> ctypes.CDLL | None:
                 fn = getattr(lib, f"attention_grad_scores_{suffix}")
                 fn.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f, ptr, ptr]
                 fn.restype = i
+                fn = getattr(lib, f"attention_forward_{suffix}")
+                fn.argtypes = [ptr] * 4 + [long_, i, i, i, i, i, f, ptr]
+                fn.restype = i
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
             log.info("C kernels unavailable (%s); using torch's operations", e)
@@ -355,36 +358,68 @@ def step_kernels(dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int):
     return None if lib is None else StepKernels(lib, dtype, n_heads, n_kv, head_dim)
 
 
+def _attention_args(q, k, v, mask, extra=()):
+    """Contiguous copies (where needed) of the training attention kernels' inputs, or None
+    where they do not apply (another dtype or device, shapes that do not match)."""
+    B, G, M, D = q.shape
+    N = k.shape[2]
+    dt = q.dtype
+    if (
+        dt not in _SUFFIX
+        or q.device.type != "cpu"
+        or any(t.dtype != dt or t.device.type != "cpu" for t in (k, v, *extra))
+        or k.shape != (B, G, N, D)
+        or v.shape != k.shape
+        or any(t.shape != q.shape for t in extra)
+        or (mask is not None and (mask.dtype != torch.bool
+                                  or mask.shape not in ((B, 1, M, N), (1, 1, M, N))))
+    ):  # fmt: skip
+        return None
+    if mask is not None:
+        mask = mask.contiguous()
+    return [t.contiguous() for t in (q, k, v, *extra)], mask
+
+
+def attention_forward(q, k, v, mask, scale: float):
+    """Attention over q (B, G, M, D) and k, v (B, G, N, D) with ``mask`` (B or 1, 1, M, N) bool
+    (True = attend) or None: SDPA's CPU flash forward for these lengths (exp(s - max) rounded
+    to the inputs' dtype before the product with v, divided by the sum of the unrounded exps),
+    in one pass per key/value head; a query row that sees no key gives 0 (SDPA: NaN). Returns
+    (B, G, M, D) in q's dtype, or None when the kernel does not apply."""
+    args = _attention_args(q, k, v, mask)
+    lib = _load() if args is not None else None
+    if lib is None:
+        return None
+    (q, k, v), mask = args
+    B, G, M, D = q.shape
+    N = k.shape[2]
+    out = torch.empty_like(q)
+    mask_b = 0 if mask is None or mask.shape[0] == 1 else M * N
+    fn = getattr(lib, f"attention_forward_{_SUFFIX[q.dtype]}")
+    failed = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                None if mask is None else mask.data_ptr(), mask_b, G, B * G, M, N, D, scale,
+                out.data_ptr())  # fmt: skip
+    return None if failed else out
+
+
 def attention_grad_scores(q, k, v, out, g_out, mask, scale: float):
     """The softmax P and its gradient dS of attention over q (B, G, M, D) and k, v (B, G, N,
     D) with ``mask`` (B or 1, 1, M, N) bool (True = attend) or None, given the attention's
     output ``out`` and its gradient ``g_out`` (B, G, M, D): ``P = softmax(scale q k^T)`` over
     the allowed keys (rows that allow none: 0) and ``dS = P (g_out v^T - rowsum(g_out out))
     scale``, sums and softmax in float32, both returned in q's dtype. None when the kernel does
-    not apply (no library, another dtype or device, non-contiguous inputs)."""
-    B, G, M, D = q.shape
-    N = k.shape[2]
-    dt = q.dtype
-    ts = (q, k, v, out, g_out)
-    if (
-        dt not in _SUFFIX
-        or q.device.type != "cpu"
-        or any(t.dtype != dt or not t.is_contiguous() for t in ts)
-        or k.shape != (B, G, N, D)
-        or v.shape != k.shape
-        or out.shape != q.shape
-        or g_out.shape != q.shape
-        or (mask is not None and (mask.dtype != torch.bool or not mask.is_contiguous()
-                                  or mask.shape not in ((B, 1, M, N), (1, 1, M, N))))
-    ):  # fmt: skip
-        return None
-    lib = _load()
+    not apply (no library, another dtype or device, shapes that do not match)."""
+    args = _attention_args(q, k, v, mask, (out, g_out))
+    lib = _load() if args is not None else None
     if lib is None:
         return None
-    P = torch.empty((B, G, M, N), dtype=dt)
+    ts, mask = args
+    B, G, M, D = q.shape
+    N = k.shape[2]
+    P = torch.empty((B, G, M, N), dtype=q.dtype)
     dS = torch.empty_like(P)
     mask_b = 0 if mask is None or mask.shape[0] == 1 else M * N
-    fn = getattr(lib, f"attention_grad_scores_{_SUFFIX[dt]}")
+    fn = getattr(lib, f"attention_grad_scores_{_SUFFIX[q.dtype]}")
     failed = fn(*(t.data_ptr() for t in ts), None if mask is None else mask.data_ptr(), mask_b,
                 G, B * G, M, N, D, scale, P.data_ptr(), dS.data_ptr())  # fmt: skip
     return None if failed else (P, dS)
