@@ -36,46 +36,29 @@
 #define ROWS 4 /* query rows a block */
 #define LANES 16 /* keys a block: one AVX-512 float32 vector, two AVX2 ones */
 
-static inline float from_bf16(uint16_t x) {
-    union { uint32_t u; float f; } c;
-    c.u = ((uint32_t)x) << 16;
-    return c.f;
-}
-
-static inline uint16_t to_bf16(float f) { /* branch-free, so that loops vectorize */
-    union { uint32_t u; float f; } c;
-    c.f = f;
-    uint32_t rounded = (c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16;
-    uint32_t quiet_nan = (c.u >> 16) | 0x40u;
-    return (uint16_t)((c.u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
-/* exp(x) in plain arithmetic so that loops calling it vectorize (as decode_step.c's):
- * 2^k exp(r), Cephes' degree-6 polynomial, within 2 ulp from -87.3 to 88.3, 0 below. */
-static inline float exp_poly(float x0) {
-    float x = x0 < -87.3f ? -87.3f : x0;
-    x = x > 88.3f ? 88.3f : x;
-    int k = (int)floorf(x * 1.44269504088896341f + 0.5f);
-    float kf = (float)k;
-    float r = fmaf(kf, -0.693359375f, x);
-    r = fmaf(kf, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    union { uint32_t u; float f; } c;
-    c.u = (uint32_t)(k + 127) << 23;
-    return x0 < -87.3f ? 0.f : p * c.f;
-}
-
-#define LOAD_F32(x) (x)
-#define STORE_F32(x) (x)
+#include "kernel_math.h"
 
 /* One key/value head's rows i0 .. i0 + nr - 1 (nr <= ROWS): their scores and dO . v over key
  * columns 0 .. jend - 1 (a multiple of LANES; kt, vt are (D, Np) float32, zero past N). */
+/* One past the last key row i of the mask attends (N when mask is NULL). */
+static long attended_end(const uint8_t* mh, long i, long N) {
+    long last = N;
+    if (mh)
+        while (last > 0 && !mh[i * N + last - 1]) last--;
+    return last;
+}
+
+/* xt (D, Np) = x (N, D) transposed to float32, zero past N. */
+#define DEFINE_TRANSPOSE(NAME, T_, LOAD)                                                      \
+static void NAME(const T_* x, int D, long N, long Np, float* xt) {                           \
+    for (int d = 0; d < D; d++) {                                                             \
+        for (long j = 0; j < N; j++) xt[d * Np + j] = LOAD(x[j * D + d]);                     \
+        for (long j = N; j < Np; j++) xt[d * Np + j] = 0.f;                                   \
+    }                                                                                         \
+}
+DEFINE_TRANSPOSE(transpose_bf16, uint16_t, from_bf16)
+DEFINE_TRANSPOSE(transpose_f32, float, LOAD_F32)
+
 typedef uint32_t alias_u32 __attribute__((may_alias));
 typedef int32_t alias_i32 __attribute__((may_alias));
 
@@ -183,7 +166,7 @@ static void block_values(const float* s, long Np, const float* vf, int D, long l
     }
 }
 
-#define DEFINE_GRAD_SCORES(NAME, T_, LOAD, STORE)                                             \
+#define DEFINE_GRAD_SCORES(NAME, TRANSPOSE, T_, LOAD, STORE)                                           \
 int NAME(const T_* q, const T_* k, const T_* v, const T_* o, const T_* go,                   \
           const uint8_t* mask, long mask_b, int G, int BH, int M, int N, int D, float scale,  \
           T_* P, T_* dS) {                                                                    \
@@ -215,13 +198,8 @@ int NAME(const T_* q, const T_* k, const T_* v, const T_* o, const T_* go,      
             const T_* vh = v + bh * (long)N * D;                                              \
             const uint8_t* mh = mask ? mask + (bh / G) * mask_b : NULL;                       \
             if (loaded != bh) {                                                               \
-                for (int d = 0; d < D; d++) {                                                 \
-                    for (long j = 0; j < N; j++) {                                            \
-                        kt[d * Np + j] = LOAD(kh[j * D + d]);                                 \
-                        vt[d * Np + j] = LOAD(vh[j * D + d]);                                 \
-                    }                                                                         \
-                    for (long j = N; j < Np; j++) kt[d * Np + j] = vt[d * Np + j] = 0.f;      \
-                }                                                                             \
+                TRANSPOSE(kh, D, N, Np, kt);                                                  \
+                TRANSPOSE(vh, D, N, Np, vt);                                                  \
                 loaded = bh;                                                                  \
             }                                                                                 \
             for (int blk = b0; blk < b1; blk++) {                                             \
@@ -239,11 +217,7 @@ int NAME(const T_* q, const T_* k, const T_* v, const T_* o, const T_* go,      
                         dl += gf[r * D + d] * LOAD(oi[d]);                                    \
                     }                                                                         \
                     delta[r] = dl;                                                            \
-                    long last = N;                                                            \
-                    if (mh) {                                                                 \
-                        const uint8_t* mr = mh + i * (long)N;                                 \
-                        while (last > 0 && !mr[last - 1]) last--;                             \
-                    }                                                                         \
+                    long last = attended_end(mh, i, N);                                       \
                     if (last > jend) jend = last;                                             \
                 }                                                                             \
                 jend = (jend + LANES - 1) / LANES * LANES;                                    \
@@ -276,13 +250,13 @@ int NAME(const T_* q, const T_* k, const T_* v, const T_* o, const T_* go,      
     return failed; /* 1: out of memory, P and dS incomplete */                                \
 }
 
-DEFINE_GRAD_SCORES(attention_grad_scores_bf16, uint16_t, from_bf16, to_bf16)
-DEFINE_GRAD_SCORES(attention_grad_scores_f32, float, LOAD_F32, STORE_F32)
+DEFINE_GRAD_SCORES(attention_grad_scores_bf16, transpose_bf16, uint16_t, from_bf16, to_bf16)
+DEFINE_GRAD_SCORES(attention_grad_scores_f32, transpose_f32, float, LOAD_F32, STORE_F32)
 
 /* The forward (see the top): per task one head's transposed keys and row-major values in
  * float32, then per block of ROWS query rows the scores, the softmax's exps and the products
  * with V into acc (ROWS x D). */
-#define DEFINE_FORWARD(NAME, T_, LOAD, STORE)                                                 \
+#define DEFINE_FORWARD(NAME, TRANSPOSE, T_, LOAD, STORE)                                               \
 int NAME(const T_* q, const T_* k, const T_* v, const uint8_t* mask, long mask_b, int G,     \
          int BH, int M, int N, int D, float scale, T_* out) {                                 \
     long Np = ((long)N + LANES - 1) / LANES * LANES;                                          \
@@ -311,10 +285,7 @@ int NAME(const T_* q, const T_* k, const T_* v, const uint8_t* mask, long mask_b
             const T_* vh = v + bh * (long)N * D;                                              \
             const uint8_t* mh = mask ? mask + (bh / G) * mask_b : NULL;                       \
             if (loaded != bh) {                                                               \
-                for (int d = 0; d < D; d++) {                                                 \
-                    for (long j = 0; j < N; j++) kt[d * Np + j] = LOAD(kh[j * D + d]);        \
-                    for (long j = N; j < Np; j++) kt[d * Np + j] = 0.f;                       \
-                }                                                                             \
+                TRANSPOSE(kh, D, N, Np, kt);                                                  \
                 for (long x = 0; x < (long)N * D; x++) vf[x] = LOAD(vh[x]);                   \
                 loaded = bh;                                                                  \
             }                                                                                 \
@@ -325,11 +296,7 @@ int NAME(const T_* q, const T_* k, const T_* v, const uint8_t* mask, long mask_b
                     long i = i0 + (r < nr ? r : 0);                                           \
                     const T_* qi = q + (bh * M + i) * (long)D;                                \
                     for (int d = 0; d < D; d++) qf[r * D + d] = LOAD(qi[d]);                  \
-                    long last = N;                                                            \
-                    if (mh) {                                                                 \
-                        const uint8_t* mr = mh + i * (long)N;                                 \
-                        while (last > 0 && !mr[last - 1]) last--;                             \
-                    }                                                                         \
+                    long last = attended_end(mh, i, N);                                       \
                     if (last > jend) jend = last;                                             \
                 }                                                                             \
                 jend = (jend + LANES - 1) / LANES * LANES;                                    \
@@ -359,5 +326,5 @@ int NAME(const T_* q, const T_* k, const T_* v, const uint8_t* mask, long mask_b
     return failed;                                                                            \
 }
 
-DEFINE_FORWARD(attention_forward_bf16, uint16_t, from_bf16, to_bf16)
-DEFINE_FORWARD(attention_forward_f32, float, LOAD_F32, STORE_F32)
+DEFINE_FORWARD(attention_forward_bf16, transpose_bf16, uint16_t, from_bf16, to_bf16)
+DEFINE_FORWARD(attention_forward_f32, transpose_f32, float, LOAD_F32, STORE_F32)

@@ -54,6 +54,7 @@ from grpokit.models import grpokit_cache
 log = logging.getLogger("grpokit")
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("decode_step.c", "attention_train.c"))
+HEADERS = (Path(__file__).with_name("kernel_math.h"),)  # included by the sources
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]  # fmt: skip
 _lib: ctypes.CDLL | None | bool = None  # False: tried, unavailable
@@ -71,7 +72,8 @@ def _cpu_key() -> str:
 def library_path() -> Path:
     """Where the build for these sources, these flags and this CPU lives."""
     h = hashlib.sha256()
-    for part in (*(s.read_bytes() for s in SOURCES), " ".join(FLAGS).encode(), _cpu_key().encode()):
+    files = (*SOURCES, *HEADERS)
+    for part in (*(f.read_bytes() for f in files), " ".join(FLAGS).encode(), _cpu_key().encode()):
         h.update(part)
     return grpokit_cache() / "kernels" / f"kernels-{h.hexdigest()[:16]}.so"
 
