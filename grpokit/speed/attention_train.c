@@ -31,15 +31,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define ROWS 4 /* query rows a block */
 #define LANES 16 /* keys a block: one AVX-512 float32 vector, two AVX2 ones */
 
 #include "kernel_math.h"
 
-/* One key/value head's rows i0 .. i0 + nr - 1 (nr <= ROWS): their scores and dO . v over key
- * columns 0 .. jend - 1 (a multiple of LANES; kt, vt are (D, Np) float32, zero past N). */
 /* One past the last key row i of the mask attends (N when mask is NULL). */
 static long attended_end(const uint8_t* mh, long i, long N) {
     long last = N;
@@ -104,6 +101,8 @@ __attribute__((noinline)) static float exp_sum(float* sr, long lim, float mx, in
 
 typedef float vfloat __attribute__((vector_size(LANES * sizeof(float)), aligned(4)));
 
+/* One key/value head's rows i0 .. i0 + nr - 1 (nr <= ROWS): their scores and dO . v over key
+ * columns 0 .. jend - 1 (a multiple of LANES; kt, vt are (D, Np) float32, zero past N). */
 static void block_products(const float* qf, const float* gf, const float* kt, const float* vt,
                            int D, long Np, long jend, float* s, float* dp) {
     for (long j0 = 0; j0 < jend; j0 += LANES) {

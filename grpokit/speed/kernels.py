@@ -1,5 +1,5 @@
-"""C kernels for the decode loop (``decode_step.c``) and the training attention's backward
-(``attention_train.c``), compiled on first use into one library with the machine's C compiler
+"""C kernels for the decode loop (``decode_step.c``) and the training attention
+(``attention_train.c``; shared float helpers in ``kernel_math.h``), compiled on first use into one library with the machine's C compiler
 for the machine's own CPU, and loaded with ctypes.
 
 Why: a decode step of SmolLM2-135M at 32 rows does a few ms of matrix products, and around
@@ -18,14 +18,15 @@ and values copied to each row) read the prompt's slots once for all their querie
 from its float32 logits (temperature, min-p, inverse transform) in one call where torch ran
 softmax, a single-threaded cumsum and a search over (n, V).
 
-:func:`attention_grad_scores` is the middle of the training attention's backward
+:func:`attention_forward` is the training (and reference) attention's forward, in place of
+SDPA's CPU flash forward, and :func:`attention_grad_scores` the middle of its backward
 (``grpokit/speed/attention.py``): from the saved q, k, v, output and the output's gradient, the
-softmax P and its gradient dS in the inputs' dtype, in one pass per key/value head instead of
-~12 torch passes over float32 (rows, heads, queries, keys) tensors.
+softmax P and its gradient dS in the inputs' dtype. Each is one pass per key/value head;
+the backward's replaces ~12 torch passes over float32 (rows, heads, queries, keys) tensors.
 
 Nothing here is required: no compiler, a failed build, another platform, or
-``GRPOKIT_NO_KERNELS=1`` leave :func:`decode_attention`, :func:`step_kernels` and
-:func:`attention_grad_scores` returning None, and the caller keeps torch's operations (the
+``GRPOKIT_NO_KERNELS=1`` leave :func:`decode_attention`, :func:`step_kernels`,
+:func:`attention_forward` and :func:`attention_grad_scores` returning None, and the caller keeps torch's operations (the
 same numbers up to float summation order).
 The build runs once per source and CPU into ``$GRPOKIT_CACHE`` (default ``~/.cache/grpokit``)
 ``/kernels``: the flag ``-march=native`` makes the library specific to the CPU that built it,
