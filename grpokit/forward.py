@@ -8,8 +8,9 @@ compute the same numbers:
 - the **shared-prompt forward** (``share_prompt_forward``): each distinct prompt runs once,
   its KV cache is indexed out to the rows that share it;
 - the **fused head** (``fused_logprobs``): the decoder's hidden states go through the output
-  layer, log-softmax and entropy token chunk by token chunk (``grpokit.algo.linear_logprobs``),
-  never holding the (n, C, V) logits.
+  layer, log-softmax and entropy token chunk by token chunk (``grpokit.algo.linear_logprobs``,
+  each chunk's softmax in one C call where ``grpokit.speed.kernels`` builds), never holding
+  the (n, C, V) logits.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
 from grpokit.rollout.kvcache import cache_kwarg, returned_cache, select_cache_rows
 from grpokit.speed.attention import shared_mask_attention
+from grpokit.speed.kernels import head_log_softmax
 from grpokit.speed.layers import lean_layers
 from grpokit.speed.prefix import (
     MIN_SHARED_PREFIX,
@@ -287,6 +289,7 @@ class LogProbs:
             compute_dtype=None if fp32 else self.amp_dtype,
             with_entropy=with_entropy,
             entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
+            softmax_rows=head_log_softmax,
         )
         flat = torch.nonzero(torch.nn.functional.pad(sel, (0, C - ck)).reshape(-1)).squeeze(1)
         logp = lp.new_zeros(n * C).index_put((flat,), lp).view(n, C)

@@ -61,7 +61,7 @@ class _LinearLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, inv_temp, cdtype, chunk, with_entropy,
-                keep_bytes, entropy_grad=False, fwd_chunk=None):  # fmt: skip
+                keep_bytes, entropy_grad=False, fwd_chunk=None, softmax_rows=None):  # fmt: skip
         N, V = hidden.shape[0], weight.shape[0]
         dev = hidden.device
         logp = torch.empty(N, dtype=torch.float32, device=dev)
@@ -88,11 +88,9 @@ class _LinearLogProbs(torch.autograd.Function):
             b = None if bias is None else bias.to(cdtype)
             for s in range(0, N, step):
                 e = min(N, s + step)
-                p = _chunk_forward(hidden[s:e].to(cdtype), w, b, targets[s:e], inv_temp, bufs,
-                                   logp[s:e], lse[s:e], ent[s:e] if with_entropy else None,
-                                   keep)  # fmt: skip
-                if keep:
-                    probs[s:e] = p
+                _chunk_forward(hidden[s:e].to(cdtype), w, b, targets[s:e], inv_temp, bufs,
+                               logp[s:e], lse[s:e], ent[s:e] if with_entropy else None,
+                               probs[s:e] if keep else None, softmax_rows)  # fmt: skip
         # the cdtype copy of the weight (a fresh cast per call otherwise: 28M elements for a
         # 49k x 576 head) is kept for the backward instead of cast again there
         ctx.save_for_backward(hidden, w, b, targets, lse, logp, probs, ent)
@@ -164,29 +162,40 @@ class _LinearLogProbs(torch.autograd.Function):
                     g_b.add_(grad.float().sum(0))
         g_w = None if g_w is None else g_w.to(ctx.w_dtype)
         g_b = None if g_b is None else g_b.to(ctx.b_dtype)
-        return g_h, g_w, g_b, None, None, None, None, None, None, None, None
+        return g_h, g_w, g_b, None, None, None, None, None, None, None, None, None
 
 
-def _chunk_forward(h, w, b, targets, inv_temp, bufs, logp, lse, ent, want_probs):
-    """One chunk of n tokens: fills ``logp`` and ``lse`` (n,), and ``ent`` (n,) when given;
-    returns the (n, V) float32 softmax (in a work buffer) when ``want_probs`` or ``ent``."""
+def _chunk_forward(h, w, b, targets, inv_temp, bufs, logp, lse, ent, probs, softmax_rows):
+    """One chunk of n tokens: fills ``logp`` and ``lse`` (n,), ``ent`` (n,) when given and
+    the softmax into ``probs`` (n, V) when given. ``softmax_rows`` (see
+    :func:`linear_logprobs`) takes the chunk's logits as the product left them; where it
+    declines, torch's operations run."""
     n = h.shape[0]
     lg, ls = bufs[0][:n], bufs[1][:n]
-    _linear_into(h, w, b, lg, None if bufs[2] is None else bufs[2][:n], scale=inv_temp)
+    low = None if bufs[2] is None else bufs[2][:n]
+    if softmax_rows is not None:
+        raw = lg if low is None else low
+        _product_into(h, w, b, raw)
+        if softmax_rows(raw, inv_temp, targets, logp, lse, ent, probs):
+            return
+        _upcast_scaled(raw, lg, inv_temp)
+    else:
+        _linear_into(h, w, b, lg, low, scale=inv_temp)
     torch.ops.aten._log_softmax.out(lg, -1, False, out=ls)
     t = targets[:, None]
     lp = ls.gather(-1, t).squeeze(-1)
     logp.copy_(lp)
     lse.copy_(lg.gather(-1, t).squeeze(-1) - lp)
-    if ent is None and not want_probs:
-        return None
+    if ent is None and probs is None:
+        return
     p = torch.exp(ls, out=lg)  # the logits are no longer needed
     if ent is not None:  # H = -sum(p log p), one dot product per row: a loop of dots ran
         # 3-4x faster than a batched (1, V) x (V, 1) bmm
         for i in range(n):
             torch.dot(p[i], ls[i], out=ent[i])
         ent.neg_()
-    return p
+    if probs is not None:
+        probs.copy_(p)
 
 
 def _backward_kept(ctx, hidden, w, targets, logp, probs, g_logp):
@@ -217,7 +226,7 @@ def _backward_kept(ctx, hidden, w, targets, logp, probs, g_logp):
                 g_b = (q.t() @ neg_g.to(cdtype)).to(ctx.b_dtype)
         finally:
             q[at] = kept
-    return g_h, g_w, g_b, None, None, None, None, None, None, None, None
+    return g_h, g_w, g_b, None, None, None, None, None, None, None, None, None
 
 
 # vocabulary rows of the head's weight gradient a product computes (_weight_grad)
@@ -239,23 +248,30 @@ def _weight_grad(q: torch.Tensor, hg: torch.Tensor, dtype: torch.dtype) -> torch
     return out
 
 
-def _linear_into(x, w, b, out, low, scale: float = 1.0):
-    """out (float32, (n, V)) = (x @ w.T + b) * scale, the product computed in x's dtype
-    (through ``low`` when that is not float32), the scaling in float32, without allocating
-    an (n, V) result."""
-    dst = out if low is None else low
+def _product_into(x, w, b, dst) -> None:
+    """dst (n, V) = x @ w.T + b in x's dtype, without allocating an (n, V) result."""
     if b is None:
         torch.mm(x, w.t(), out=dst)
     else:
         torch.addmm(b, x, w.t(), out=dst)  # one rounding, as linear()
-    if low is None:
-        if scale != 1.0:
-            out.mul_(scale)
-    else:  # upcast, then scale in float32 (the same values as a promoting multiply, which
-        # runs through hidden temporaries at twice the time of these two passes)
-        out.copy_(low)
-        if scale != 1.0:
-            out.mul_(scale)
+
+
+def _upcast_scaled(src, out, scale: float) -> None:
+    """out (float32) = src * scale: the upcast (where src is another buffer), then the scaling
+    in float32 (the same values as a promoting multiply, which runs through hidden
+    temporaries at twice the time of these two passes)."""
+    if src is not out:
+        out.copy_(src)
+    if scale != 1.0:
+        out.mul_(scale)
+
+
+def _linear_into(x, w, b, out, low, scale: float = 1.0):
+    """out (float32, (n, V)) = (x @ w.T + b) * scale, the product computed in x's dtype
+    (through ``low`` when that is not float32), the scaling in float32."""
+    dst = out if low is None else low
+    _product_into(x, w, b, dst)
+    _upcast_scaled(dst, out, scale)
 
 
 def linear_logprobs(
@@ -270,6 +286,7 @@ def linear_logprobs(
     chunk_tokens: int | None = None,
     keep_bytes: int = 1 << 28,
     entropy_grad: bool = False,
+    softmax_rows=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Fused output layer + log-softmax + gather (+ entropy) over N tokens.
 
@@ -284,6 +301,13 @@ def linear_logprobs(
         (N,) float32 log-probs (differentiable w.r.t. hidden, weight, bias) and, if asked,
         (N,) float32 entropies, differentiable too with ``entropy_grad`` (an entropy bonus;
         the backward then recomputes each chunk's logits), else detached.
+        softmax_rows: optional faster forward of each token chunk's softmax statistics,
+            ``softmax_rows(x, scale, targets, logp, lse, ent, probs) -> bool``: from the
+            chunk's logits ``x`` (n, V) as the product left them (``compute_dtype``), fill
+            ``logp`` = log_softmax(x * scale)[targets], ``lse`` = x[targets] * scale - logp,
+            ``ent`` (entropy; None: not wanted) and ``probs`` (the softmax in x's dtype;
+            None: not wanted); False where it does not apply (then torch's operations run).
+            ``grpokit.speed.kernels.head_log_softmax`` is one.
     Equals ``selective_log_softmax(linear(hidden, weight, bias) / temperature, targets)``
     up to the rounding of ``compute_dtype``, with at most one (chunk_tokens, V) float32
     block alive instead of the whole (N, V) logits and their gradient; the softmax is kept
@@ -307,5 +331,6 @@ def linear_logprobs(
         keep_bytes,
         entropy_grad,
         fwd_chunk,
+        softmax_rows,
     )
     return logp, (ent if with_entropy else None)

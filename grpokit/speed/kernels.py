@@ -1,6 +1,7 @@
-"""C kernels for the decode loop (``decode_step.c``) and the training attention
-(``attention_train.c``; shared float helpers in ``kernel_math.h``), compiled on first use into one library with the machine's C compiler
-for the machine's own CPU, and loaded with ctypes.
+"""C kernels for the decode loop (``decode_step.c``), the training attention
+(``attention_train.c``) and the output layer's log-softmax (``head_softmax.c``; shared float
+helpers in ``kernel_math.h``), compiled on first use into one library with the machine's C
+compiler for the machine's own CPU, and loaded with ctypes.
 
 Why: a decode step of SmolLM2-135M at 32 rows does a few ms of matrix products, and around
 them ~20 small torch operations a layer (norms, rotary, cache writes, attention, SiLU,
@@ -23,6 +24,10 @@ SDPA's CPU flash forward, and :func:`attention_grad_scores` the middle of its ba
 (``grpokit/speed/attention.py``): from the saved q, k, v, output and the output's gradient, the
 softmax P and its gradient dS in the inputs' dtype. Each is one pass per key/value head;
 the backward's replaces ~12 torch passes over float32 (rows, heads, queries, keys) tensors.
+:func:`head_log_softmax` gives ``grpokit.algo.linear_logprobs`` each token chunk's
+log-probs, entropies and kept softmax from the chunk's bf16 logits in three passes a row:
+measured (AMD EPYC family 26 model 2, 2 threads, 170 tokens x 49,152 vocabulary, bf16) 2.4
+ms against ~10 ms for torch's upcast, scaling, log-softmax, exp, dots and cast.
 
 Nothing here is required: no compiler, a failed build, another platform, or
 ``GRPOKIT_NO_KERNELS=1`` leave :func:`decode_attention`, :func:`step_kernels`,
@@ -54,7 +59,9 @@ from grpokit.models import grpokit_cache
 
 log = logging.getLogger("grpokit")
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("decode_step.c", "attention_train.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("decode_step.c", "attention_train.c", "head_softmax.c")
+)
 HEADERS = (Path(__file__).with_name("kernel_math.h"),)  # included by the sources
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]  # fmt: skip
@@ -132,6 +139,9 @@ def _load() -> ctypes.CDLL | None:
                 fn = getattr(lib, f"attention_forward_{suffix}")
                 fn.argtypes = [ptr] * 4 + [long_, i, i, i, i, i, f, ptr]
                 fn.restype = i
+                fn = getattr(lib, f"head_log_softmax_{suffix}")
+                fn.argtypes = [ptr, long_, i, i, f, ptr, ptr, ptr, ptr, ptr, long_]
+                fn.restype = long_
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
             log.info("C kernels unavailable (%s); using torch's operations", e)
@@ -426,3 +436,49 @@ def attention_grad_scores(q, k, v, out, g_out, mask, scale: float):
     failed = fn(*(t.data_ptr() for t in ts), None if mask is None else mask.data_ptr(), mask_b,
                 G, B * G, M, N, D, scale, P.data_ptr(), dS.data_ptr())  # fmt: skip
     return None if failed else (P, dS)
+
+
+def head_log_softmax(x, scale: float, targets, logp, lse, ent=None, probs=None) -> bool:
+    """The output layer's softmax statistics of a token chunk, for
+    ``grpokit.algo.linear_logprobs`` (its ``softmax_rows``): from the logits ``x`` (n, V) bf16
+    or float32 as the product left them, in place: ``logp`` (n,) = log_softmax(x * scale)
+    at ``targets`` (n,) int64, ``lse`` (n,) = x[targets] * scale - logp, ``ent`` (n,) the
+    entropy (None: not computed), ``probs`` (n, V) in x's dtype the softmax (None: not
+    written); all float32 but ``probs``. One C call with three passes a row where torch ran
+    ~7 operations over float32 (n, V) blocks. False (nothing trusted written) when the kernel
+    does not apply (no library, another dtype, device or layout) or a row is not finite or
+    has a target outside the vocabulary: the caller then runs torch's operations, whose
+    values (or error) stand."""
+    vec = (logp, lse) if ent is None else (logp, lse, ent)
+    if (
+        x.dtype not in _SUFFIX
+        or x.device.type != "cpu"
+        or x.dim() != 2
+        or x.stride(1) != 1
+        or not (scale > 0 and math.isfinite(scale))
+        or targets.dtype != torch.int64
+        or any(
+            t.device.type != "cpu" for t in (targets, *vec, *(() if probs is None else (probs,)))
+        )
+        or not targets.is_contiguous()
+        or targets.shape != (x.shape[0],)
+        or any(
+            t.dtype != torch.float32 or not t.is_contiguous() or t.shape != targets.shape
+            for t in vec
+        )
+        or (
+            probs is not None
+            and (probs.dtype != x.dtype or probs.shape != x.shape or probs.stride(1) != 1)
+        )
+    ):
+        return False
+    lib = _load()
+    if lib is None:
+        return False
+    n, V = x.shape
+    fn = getattr(lib, f"head_log_softmax_{_SUFFIX[x.dtype]}")
+    bad = fn(x.data_ptr(), x.stride(0), n, V, scale, targets.data_ptr(), logp.data_ptr(),
+             lse.data_ptr(), None if ent is None else ent.data_ptr(),
+             None if probs is None else probs.data_ptr(),
+             0 if probs is None else probs.stride(0))  # fmt: skip
+    return bad == 0

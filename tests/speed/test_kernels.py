@@ -167,3 +167,90 @@ def test_sample_kernel_leaves_what_it_cannot_draw_to_torch():
     assert kernels.sample_tokens(ok, 1.0, None, u.double()) is None
     assert kernels.sample_tokens(ok, 1.0, None, u[:1]) is None
     assert torch.equal(kernels.sample_tokens(ok, 1.0, None, u), torch.tensor([5, 5]))
+
+
+def _head_reference(x, scale, t):
+    """float64 log-softmax statistics of x (n, V) * scale at targets t."""
+    z = x.double() * scale
+    ls = torch.log_softmax(z, -1)
+    lp = ls.gather(-1, t[:, None]).squeeze(1)
+    return lp, z.gather(-1, t[:, None]).squeeze(1) - lp, -(ls.exp() * ls).sum(-1), ls.exp()
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("V", [1, 17, 300, 1000])
+@pytest.mark.parametrize("scale", [1.0, 1 / 0.7])
+def test_head_log_softmax_matches_float64(dtype, V, scale):
+    """Log-probs, lse, entropy and the kept softmax of the C head against float64, over
+    vocabularies that are not whole vector or block lengths, from a strided (sliced) input."""
+    g = torch.Generator().manual_seed(V)
+    n = 7
+    x = (torch.randn(n, V + 3, generator=g) * 4).to(dtype)[:, 2 : V + 2]
+    t = torch.randint(0, V, (n,), generator=g)
+    logp, lse, ent = torch.empty(n), torch.empty(n), torch.empty(n)
+    probs = torch.empty(n, V, dtype=dtype)
+    assert kernels.head_log_softmax(x, scale, t, logp, lse, ent, probs)
+    rlp, rlse, rent, rp = _head_reference(x, scale, t)
+    torch.testing.assert_close(logp.double(), rlp, atol=2e-5, rtol=0)
+    torch.testing.assert_close(lse.double(), rlse, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ent.double(), rent, atol=2e-5, rtol=0)
+    # the softmax in x's dtype: bf16, one rounding (a unit at most); float32, exp of a log-prob
+    # whose float32 error grows with its size (|log p| up to ~60 here: ~1e-5 relative)
+    rel = 2.0**-7 if dtype == torch.bfloat16 else 3e-5
+    assert ((probs.double() - rp).abs() <= rel * rp + 1e-30).all()
+    # without entropy and softmax: the same log-probs, nothing else touched
+    lp2, lse2 = torch.full((n,), 5.0), torch.empty(n)
+    assert kernels.head_log_softmax(x, scale, t, lp2, lse2)
+    assert torch.equal(lp2, logp) and torch.equal(lse2, lse)
+
+
+@needs_cc
+def test_head_log_softmax_declines_what_torch_must_decide():
+    """Rows that are not finite, targets outside the vocabulary and inputs it does not read
+    return False, so linear_logprobs runs torch's operations (NaN, or torch's index error)."""
+    x = torch.randn(3, 40)
+    t = torch.tensor([1, 2, 3])
+    out = (torch.empty(3), torch.empty(3))
+    assert kernels.head_log_softmax(x, 1.0, t, *out)
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y[1, 5] = bad
+        assert not kernels.head_log_softmax(y, 1.0, t, *out)
+    assert not kernels.head_log_softmax(x, 1.0, torch.tensor([1, 40, 3]), *out)
+    assert not kernels.head_log_softmax(x, 1.0, torch.tensor([1, -1, 3]), *out)
+    assert not kernels.head_log_softmax(x.half(), 1.0, t, *out)  # fp16: torch's
+    assert not kernels.head_log_softmax(x.t().contiguous().t(), 1.0, t, *out)  # column-major
+    assert not kernels.head_log_softmax(x, 0.0, t, *out)
+    assert not kernels.head_log_softmax(x, 1.0, t.int(), *out)
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_linear_logprobs_with_the_c_head_equals_torch(dtype):
+    """linear_logprobs with the C head (softmax_rows) against torch's chunk operations: the
+    same log-probs, entropies and gradients (through the kept softmax and through the
+    recomputing backward) up to float32 summation order and one rounding of the softmax."""
+    from grpokit.algo import linear_logprobs
+
+    g = torch.Generator().manual_seed(5)
+    N, H, V = 45, 32, 777
+    h0 = torch.randn(N, H, generator=g)
+    w0 = torch.randn(V, H, generator=g) * 0.3
+    t = torch.randint(0, V, (N,), generator=g)
+    up = torch.randn(N, generator=g)
+    for keep in (1 << 28, 0):
+        res = []
+        for rows in (None, kernels.head_log_softmax):
+            h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+            lp, ent = linear_logprobs(
+                h, w, t, temperature=0.7, compute_dtype=dtype, with_entropy=True,
+                chunk_tokens=16, keep_bytes=keep, softmax_rows=rows,
+            )  # fmt: skip
+            res.append((lp, ent, *torch.autograd.grad((lp * up).sum(), (h, w))))
+        (lp_a, ent_a, gh_a, gw_a), (lp_b, ent_b, gh_b, gw_b) = res
+        torch.testing.assert_close(lp_b, lp_a, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=0)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: one rounding of the softmax
+        torch.testing.assert_close(gh_b, gh_a, atol=tol, rtol=tol)
+        torch.testing.assert_close(gw_b, gw_a, atol=tol, rtol=tol)
