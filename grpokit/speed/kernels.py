@@ -60,7 +60,8 @@ from grpokit.models import grpokit_cache
 log = logging.getLogger("grpokit")
 
 SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("decode_step.c", "attention_train.c", "head_softmax.c")
+    Path(__file__).with_name(n)
+    for n in ("decode_step.c", "attention_train.c", "head_softmax.c", "rms_norm.c")
 )
 HEADERS = (Path(__file__).with_name("kernel_math.h"),)  # included by the sources
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
@@ -142,6 +143,10 @@ def _load() -> ctypes.CDLL | None:
                 fn = getattr(lib, f"head_log_softmax_{suffix}")
                 fn.argtypes = [ptr, long_, i, i, f, ptr, ptr, ptr, ptr, ptr, long_]
                 fn.restype = long_
+                fn = getattr(lib, f"rms_norm_forward_{suffix}")
+                fn.argtypes, fn.restype = [ptr, ptr, f, ptr, ptr, long_, i], None
+                fn = getattr(lib, f"rms_norm_backward_{suffix}")
+                fn.argtypes, fn.restype = [ptr] * 6 + [long_, i], i
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
             log.info("C kernels unavailable (%s); using torch's operations", e)
@@ -482,3 +487,71 @@ def head_log_softmax(x, scale: float, targets, logp, lse, ent=None, probs=None) 
              None if probs is None else probs.data_ptr(),
              0 if probs is None else probs.stride(0))  # fmt: skip
     return bad == 0
+
+
+def _rms_args(x, w) -> bool:
+    """Whether the RMSNorm kernels read ``x`` (.., C) and ``w`` (C,) as they are."""
+    return (
+        x.dtype in _SUFFIX
+        and w.dtype == torch.float32
+        and x.device.type == "cpu"
+        and w.device.type == "cpu"
+        and x.is_contiguous()
+        and w.is_contiguous()
+        and x.dim() >= 1
+        and w.shape == (x.shape[-1],)
+        and x.numel() > 0
+    )
+
+
+def rms_norm_applies(x, w) -> bool:
+    """Whether :func:`rms_norm_forward` and :func:`rms_norm_backward` run for ``x`` and
+    ``w`` (the library built, the dtypes, device and layouts they read)."""
+    return _rms_args(x, w) and _load() is not None
+
+
+def rms_norm_forward(x, w, eps: float):
+    """Llama's RMSNorm of ``x`` (.., C) bf16 or float32 with the float32 weight ``w`` (C,):
+    ``w * (x * r).to(x.dtype)``, ``r`` = 1 / sqrt(mean(x^2) + eps) over the last dimension,
+    as transformers computes it, in one pass a row. Returns (y float32 like x, r (rows,)
+    float32), or None when the kernel does not apply."""
+    lib = _load() if _rms_args(x, w) else None
+    if lib is None:
+        return None
+    C = x.shape[-1]
+    n = x.numel() // C
+    y = torch.empty(x.shape, dtype=torch.float32)
+    r = torch.empty(n, dtype=torch.float32)
+    getattr(lib, f"rms_norm_forward_{_SUFFIX[x.dtype]}")(
+        x.data_ptr(), w.data_ptr(), eps, y.data_ptr(), r.data_ptr(), n, C
+    )
+    return y, r
+
+
+def rms_norm_backward(dy, x, w, r, need_w: bool = True):
+    """The gradients of :func:`rms_norm_forward`'s output w.r.t. ``x`` (in x's dtype) and
+    ``w`` (float32; None when not ``need_w``) from ``dy`` (float32, x's shape) and the saved
+    ``r``, as autograd computes them through transformers' operations (the weight's product
+    rounded to x's dtype first). None when the kernel does not apply."""
+    lib = None
+    if (
+        _rms_args(x, w)
+        and dy.dtype == torch.float32
+        and dy.shape == x.shape
+        and dy.device.type == "cpu"
+        and r.dtype == torch.float32
+        and r.is_contiguous()
+        and r.numel() * x.shape[-1] == x.numel()
+    ):
+        lib = _load()
+    if lib is None:
+        return None
+    dy = dy.contiguous()
+    C = x.shape[-1]
+    dx = torch.empty_like(x)
+    dw = torch.empty(C, dtype=torch.float32) if need_w else None
+    failed = getattr(lib, f"rms_norm_backward_{_SUFFIX[x.dtype]}")(
+        dy.data_ptr(), x.data_ptr(), w.data_ptr(), r.data_ptr(), dx.data_ptr(),
+        None if dw is None else dw.data_ptr(), x.numel() // C, C,
+    )  # fmt: skip
+    return None if failed else (dx, dw)

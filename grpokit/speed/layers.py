@@ -50,7 +50,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from grpokit.speed import kernels
 from grpokit.speed.weights import linear_parts
+
+# RMSNorm through the C kernels where they build and apply (False: torch's operations; for
+# comparisons)
+USE_RMS_KERNEL = True
 
 
 class SiLUMul(torch.autograd.Function):
@@ -369,13 +374,40 @@ def qkv_attentions(model) -> list[torch.nn.Module]:
     ]
 
 
+class RMSNormFunction(torch.autograd.Function):
+    """Llama's RMSNorm with a float32 weight, forward and backward each one C call
+    (``kernels.rms_norm_forward`` / ``rms_norm_backward``: one pass a row where autograd
+    ran ~10 over (tokens, hidden) float32 tensors), keeping the input and the (tokens,)
+    reciprocal, as the lean torch path below does. Sums in another order than torch's."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps: float):
+        y, r = kernels.rms_norm_forward(x, w, eps)  # the caller checked that it applies
+        ctx.save_for_backward(x, w, r)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, r = ctx.saved_tensors
+        out = kernels.rms_norm_backward(dy, x, w, r, ctx.needs_input_grad[1])
+        if out is None:  # not expected: forward and backward read the same tensors
+            raise RuntimeError(f"RMSNorm kernel declined its backward: dy {dy.dtype} {dy.shape}")
+        return out[0] if ctx.needs_input_grad[0] else None, out[1], None
+
+
 def _lean_norm_forward(self, hidden_states):
     """Llama's RMSNorm, the same operations, with the normalised input (what the product
     with the weight keeps) made again in the backward from the input and the (tokens, 1)
-    reciprocal, which the backward keeps anyway."""
+    reciprocal, which the backward keeps anyway; through :class:`RMSNormFunction` where
+    the C kernels read the tensors (a float32 weight, under autocast)."""
+    eps = self.variance_epsilon
+    if USE_RMS_KERNEL and kernels.rms_norm_applies(hidden_states, self.weight):
+        if torch.is_grad_enabled() and (hidden_states.requires_grad or self.weight.requires_grad):
+            return RMSNormFunction.apply(hidden_states, self.weight, eps)
+        return kernels.rms_norm_forward(hidden_states, self.weight, eps)[0]
     input_dtype = hidden_states.dtype
     hs = hidden_states.to(torch.float32)
-    r = torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    r = torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + eps)
     n = (hs * r).to(input_dtype)
     with recomputed_when_saved(n, lambda: (hs * r).to(input_dtype)):
         return self.weight * n

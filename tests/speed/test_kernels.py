@@ -254,3 +254,51 @@ def test_linear_logprobs_with_the_c_head_equals_torch(dtype):
         tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: one rounding of the softmax
         torch.testing.assert_close(gh_b, gh_a, atol=tol, rtol=tol)
         torch.testing.assert_close(gw_b, gw_a, atol=tol, rtol=tol)
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 50), (4, 37, 576)])  # one thread; rows split over threads
+def test_rms_norm_kernels_match_autograd_through_transformers_ops(dtype, shape):
+    """The C RMSNorm's output and both gradients against autograd through LlamaRMSNorm's
+    operations (upcast, pow, mean, rsqrt, product, cast, weight product) in float64 where
+    torch rounds nothing, and against the same operations in x's dtype."""
+    g = torch.Generator().manual_seed(len(shape))
+    C = shape[-1]
+    x0 = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w0 = torch.randn(C, generator=g) * 0.5 + 1
+    dy = torch.randn(shape, generator=g)
+    eps = 1e-5
+
+    def torch_norm(x, w):
+        hs = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        r = torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + eps)
+        return w * (hs * r).to(x.dtype)
+
+    y, r = kernels.rms_norm_forward(x0, w0, eps)
+    dx, dw = kernels.rms_norm_backward(dy, x0, w0, r)
+    assert (
+        y.dtype == dw.dtype == torch.float32 and dx.dtype == dtype and r.shape == (x0.numel() // C,)
+    )
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    ty = torch_norm(x, w)
+    ty.backward(dy)
+    if dtype == torch.float32:  # float32 throughout: against float64
+        x64, w64 = x0.double().requires_grad_(), w0.double().requires_grad_()
+        y64 = torch_norm(x64, w64)
+        y64.backward(dy.double())
+        torch.testing.assert_close(y.double(), y64, rtol=2e-6, atol=1e-6)
+        torch.testing.assert_close(dx.double(), x64.grad, rtol=1e-5, atol=2e-6)
+        torch.testing.assert_close(dw.double(), w64.grad, rtol=1e-5, atol=1e-4)
+    # against torch's own operations in x's dtype: bf16 roundings at the same points
+    bf = dtype == torch.bfloat16
+    torch.testing.assert_close(y, ty.detach(), rtol=1e-2 if bf else 1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        dx.float(), x.grad.float(), rtol=1e-2 if bf else 1e-5, atol=1e-2 if bf else 1e-6
+    )
+    torch.testing.assert_close(dw, w.grad, rtol=1e-3 if bf else 1e-5, atol=1e-3)
+    assert kernels.rms_norm_backward(dy, x0, w0, r, need_w=False)[1] is None
+    # what the kernels do not read: a bf16 weight, a strided input
+    assert not kernels.rms_norm_applies(x0, w0.bfloat16())
+    assert not kernels.rms_norm_applies(x0.transpose(0, -1), torch.ones(x0.shape[0]))
+    assert kernels.rms_norm_forward(x0, w0.bfloat16(), eps) is None

@@ -150,9 +150,14 @@ def test_tool_tokens_are_out_of_the_loss_the_kl_and_the_normalisers(
         total = total + (s / m[i, :n].sum() / N if loss_type == "grpo" else s / denom_all)
     total.backward()
     assert abs(total.item() - res.loss_sum) < 1e-5 * max(1.0, abs(total.item()))
+    # Scale-aware atol: the batched path sums a token's embedding gradient over its positions
+    # in another order than these per-row forwards, and for a token at many positions the
+    # terms cancel (measured: up to 9.3e-4 of the tensor's largest entry, on one embedding
+    # row, with torch's RMSNorm and with the C one alike: the same batch, the same error).
     for name, p in tr.model.named_parameters():
         g = p.grad.to_dense() if p.grad.is_sparse else p.grad
-        torch.testing.assert_close(mine[name].to_dense(), g, rtol=2e-4, atol=1e-6, msg=name)
+        atol = max(1e-6, 2e-3 * g.abs().max().item())
+        torch.testing.assert_close(mine[name].to_dense(), g, rtol=2e-4, atol=atol, msg=name)
 
 
 def test_stop_and_resume_with_multi_turn_completions_is_identical(tmp_path, tiny_model_dir):
