@@ -266,3 +266,29 @@ def test_under_autocast_the_growing_cache_shares_too(tiny):
     assert type(shared.cache).__name__ == "DynamicCache"
     assert shared.shared == _common(_real(ids, mask)) and plain.shared == 0
     torch.testing.assert_close(shared.logits, plain.logits, atol=0.1, rtol=0.05)
+
+
+def test_prefill_gives_the_head_a_fresh_input_and_the_model_s_logits(tiny):
+    """Prefill hands the output layer a freshly laid-out (B, 1, H) input (transformers'
+    ``logits_to_keep`` slice is a strided view, which torch multiplied by an expanded
+    (B, H, V) copy of the head's weight), on the plain and the shared-prefix route, gets the
+    logits the model's own forward gives, and leaves no hook on the model."""
+    model, tok = tiny
+    ids, mask = _batch(tok)
+    head = model.get_output_embeddings()
+    inputs = []  # what the head computed with, after the pre-hooks
+    for min_shared in (0, MIN_SHARED_PREFIX):
+        inputs.clear()
+        probe = head.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
+        try:
+            got = prefill(model, ids, mask, 4, min_shared_prefix=min_shared)
+        finally:
+            probe.remove()
+        assert inputs
+        for x in inputs:
+            assert x.shape[1] == 1 and x.stride() == (x.shape[2], x.shape[2], 1)
+        with torch.no_grad():
+            pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos)
+        torch.testing.assert_close(got.logits, out.logits[:, -1].float(), **TOL)
+    assert not head._forward_pre_hooks and not head._forward_hooks
