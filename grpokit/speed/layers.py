@@ -10,7 +10,9 @@ and up outputs and recomputes it in the backward, with the same operations autog
 bit-identical. The product itself (the down projection's input) is not kept either:
 :func:`recomputed_when_saved` stores, in its place, how to make it again from gate and up.
 Llama's RMSNorm keeps its input, its normalised input and a (tokens, 1) reciprocal; the
-normalised input is made again the same way. Together, for SmolLM2-135M in float32, 43.7 ->
+normalised input is made again the same way (and where the C kernels build and the weight is
+float32, :class:`RMSNormFunction` runs forward and backward as one pass a row each way,
+keeping the input and reciprocal only). Together, for SmolLM2-135M in float32, 43.7 ->
 27.1 KiB a token a layer (``bench/kept_activations.py``), about 1 GB less for a 16 x
 140-token micro-batch. Under bf16 autocast, q/k/v and gate/up also share one bf16 cast of
 their normed input (:class:`SharedCastLinears`) where autocast made and kept one per layer:
