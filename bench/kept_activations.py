@@ -16,9 +16,7 @@ import os
 
 import torch
 
-DEFAULT_MODEL = os.environ.get(
-    "GRPOKIT_BENCH_MODEL", "/root/.cache/grpokit/models/SmolLM2-135M-Instruct"
-)
+DEFAULT_MODEL = os.environ.get("GRPOKIT_BENCH_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 def kept_kib(model, tokens: int, lean: bool) -> float:
@@ -44,6 +42,9 @@ def main() -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--tokens", type=int, default=256)
     a = ap.parse_args()
+    from grpokit.models import local_model_path
+
+    a.model = local_model_path(a.model)
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 

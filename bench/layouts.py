@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = "/root/.cache/grpokit/models/SmolLM2-135M-Instruct"
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 HELPERS = {"g++", "gcc", "cc", "c++", "cc1plus", "cc1", "as", "ld", "collect2", "sh", "bash"}
 ROWS = {
@@ -410,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     if not set(rows) <= set(ROWS):
         print(f"--rows: {a.rows!r} is not a comma list from 1, 2, 3, 4")
         return 2
+    if not a.tiny:
+        from grpokit.models import local_model_path
+
+        a.model = local_model_path(a.model)
     if not a.tiny and not Path(a.model).is_dir():
         print(f"--model {a.model}: not a local model directory (the rollout server needs one)")
         return 2

