@@ -56,6 +56,59 @@ static void state_init(attn_state* st, int nq, int D) {
     }
 }
 
+/* Scores of nq queries against nk <= 16 keys (rows of kf, MAX_D apart, float32) when D is a
+ * multiple of 16: each (query, key) pair's 16-lane partial products, then the 16 keys' sums
+ * reduced together in four levels of shuffles and adds (pairs of halves, quarters, eighths,
+ * lanes) instead of one horizontal sum per pair. After the levels, lane L holds the sum of
+ * the key whose index is L's 4-bit reversal; the last shuffle puts key k in lane k. Keys past
+ * nk must be zero rows (their scores are computed and not read). */
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+typedef int v16i __attribute__((vector_size(64)));
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (v16i){__VA_ARGS__})
+static v16f reduce16(v16f* a) {
+    v16f r[8], s[4], t[2];
+    for (int i = 0; i < 8; i++)
+        r[i] = SHUF(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               SHUF(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; i++)
+        s[i] = SHUF(r[2 * i], r[2 * i + 1], 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +
+               SHUF(r[2 * i], r[2 * i + 1], 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int i = 0; i < 2; i++)
+        t[i] = SHUF(s[2 * i], s[2 * i + 1], 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +
+               SHUF(s[2 * i], s[2 * i + 1], 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    v16f u = SHUF(t[0], t[1], 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +
+             SHUF(t[0], t[1], 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+    return __builtin_shuffle(u, (v16i){0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15});
+}
+
+static void scores16(float qf[][MAX_D], int nq, int D, float kf[][MAX_D], int nk, float* sc,
+                     int sc_row) {
+    for (int j = 0; j < nq; j++) {
+        v16f part[16];
+        for (int k = 0; k < 16; k++) part[k] = (v16f){0};
+        for (int d = 0; d < D; d += 16) {
+            v16f q = *(const v16f*)(qf[j] + d);
+            for (int k = 0; k < 16; k++) part[k] += q * *(const v16f*)(kf[k] + d);
+        }
+        v16f out = reduce16(part);
+        for (int k = 0; k < nk; k++) sc[j * sc_row + k] = out[k];
+    }
+}
+
+/* acc += sum over the nv value rows of p[slot[r]] * vf[r] (D a multiple of 16, D <= MAX_D):
+ * the query's running sum stays in registers over the block's values. */
+static void values16(float* acc, int D, float vf[][MAX_D], int nv, const float* p,
+                     const int* slot) {
+    v16f a[MAX_D / 16];
+    int nc = D / 16;
+    for (int c = 0; c < nc; c++) a[c] = *(const v16f*)(acc + 16 * c);
+    for (int r = 0; r < nv; r++) {
+        float w = p[slot[r]];
+        for (int c = 0; c < nc; c++) a[c] += w * *(const v16f*)(vf[r] + 16 * c);
+    }
+    for (int c = 0; c < nc; c++) *(v16f*)(acc + 16 * c) = a[c];
+}
+
 /* nq float32 queries (already scaled; st's rows j0 .. j0 + nq - 1) over slots s_begin .. S - 1
  * of k and v, BLOCK slots at a time: the block's scores, one running-maximum update per
  * query, the block's exps in one vectorised loop (exp_poly), then the values weighted by
@@ -65,13 +118,31 @@ static void state_init(attn_state* st, int nq, int D) {
 #define DEFINE_ATTEND(NAME, T_, LOAD)                                                         \
 static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,               \
                  const uint8_t* m, long s_begin, long S, attn_state* st, int j0) {            \
-    float sc[MAX_Q][BLOCK], kf[MAX_D], vf[MAX_D];                                             \
+    float sc[MAX_Q][BLOCK], kf[MAX_D], vf[MAX_D], kblk[BLOCK][MAX_D];                         \
+    int slot[BLOCK];                                                                          \
     float (*acc)[MAX_D] = st->acc + j0;                                                       \
     float* mx = st->mx + j0;                                                                  \
     float* sum = st->sum + j0;                                                                \
     for (long s0 = s_begin; s0 < S; s0 += BLOCK) {                                            \
         int nb = S - s0 < BLOCK ? (int)(S - s0) : BLOCK;                                      \
         int any = 0;                                                                          \
+        if (D % 16 == 0) { /* keys as float rows (masked and missing ones zero), scores16 */  \
+            for (int b = 0; b < BLOCK; b++) {                                                 \
+                int on = b < nb && m[s0 + b];                                                 \
+                const T_* kr = kb + (s0 + b) * D;                                             \
+                if (on)                                                                       \
+                    for (int d = 0; d < D; d++) kblk[b][d] = LOAD(kr[d]);                     \
+                else                                                                          \
+                    for (int d = 0; d < D; d++) kblk[b][d] = 0.f;                             \
+                any |= on;                                                                    \
+            }                                                                                 \
+            if (!any) continue;                                                               \
+            for (int b = 0; b < nb; b += 16)                                                  \
+                scores16(qf, nq, D, kblk + b, nb - b < 16 ? nb - b : 16, &sc[0][b], BLOCK);   \
+            for (int b = 0; b < nb; b++)                                                      \
+                if (!m[s0 + b])                                                               \
+                    for (int j = 0; j < nq; j++) sc[j][b] = -INFINITY;                        \
+        } else                                                                                \
         for (int b = 0; b < nb; b++) {                                                        \
             if (!m[s0 + b]) {                                                                 \
                 for (int j = 0; j < nq; j++) sc[j][b] = -INFINITY;                            \
@@ -103,6 +174,17 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
                 z += p;                                                                       \
             }                                                                                 \
             sum[j] += z;                                                                      \
+        }                                                                                     \
+        if (D % 16 == 0) { /* values as float rows (kblk again), each query's sum in registers */ \
+            int nv = 0;                                                                       \
+            for (int b = 0; b < nb; b++) {                                                    \
+                if (!m[s0 + b]) continue;                                                     \
+                const T_* vr = vb + (s0 + b) * D;                                             \
+                for (int d = 0; d < D; d++) kblk[nv][d] = LOAD(vr[d]);                        \
+                slot[nv++] = b;                                                               \
+            }                                                                                 \
+            for (int j = 0; j < nq; j++) values16(acc[j], D, kblk, nv, sc[j], slot);          \
+            continue;                                                                         \
         }                                                                                     \
         for (int b = 0; b < nb; b++) {                                                        \
             if (!m[s0 + b]) continue;                                                         \

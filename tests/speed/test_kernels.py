@@ -48,11 +48,13 @@ def _reference(q, k, v, attend, scale):
         (5, 2, 1, 32, 40, 40),
         (3, 1, 16, 128, 9, 7),
         (2, 2, 7, 64, 5000, 4999),
+        (3, 2, 2, 24, 30, 29),  # D not a multiple of 16: the scores' scalar loop
     ],
 )
 def test_kernel_matches_torch_attention(n, KV, g, D, T, S):
     """float32 to float rounding, bf16 within torch's own bf16 error of the float32 result;
-    any slot count (the softmax runs online: no buffer of S scores)."""
+    any slot count (the softmax runs online: no buffer of S scores); blocks of 16 keys and
+    fewer (the scores' shuffle reduction), head sizes off the 16-lane grid."""
     scale = D**-0.5
     q, k, v, attend = _case(n, KV, g, D, T, S, torch.float32)
     got = kernels.decode_attention(q, k, v, attend, scale)
