@@ -36,6 +36,10 @@ from grpokit.speed.weights import head_weight_arriving_last
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
+# No-grad forwards (reference, old log-probs) run the RMSNorms' C forward (lean_layers with
+# grad=False); False: transformers' norms there, as before.
+LEAN_NO_GRAD = True
+
 FUSED_HEAD_MODEL_TYPES = frozenset(
     ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2",
      "smollm3", "gemma", "gemma3_text")
@@ -162,8 +166,10 @@ class LogProbs:
         # their forward in the backward, outside this block: they keep transformers' path
         checkpointed = is_checkpointing(model)
         sharing = contextlib.nullcontext() if checkpointed else shared_mask_attention()
-        # gated MLPs and LoRA dropout keep fewer tensors for the backward (speed/layers.py)
-        lean = lean_layers(model, enabled=torch.is_grad_enabled() and not checkpointed)
+        # gated MLPs and LoRA dropout keep fewer tensors for the backward (speed/layers.py);
+        # without grad, RMSNorm's C forward only
+        grad = torch.is_grad_enabled()
+        lean = lean_layers(model, enabled=(grad or LEAN_NO_GRAD) and not checkpointed, grad=grad)
         with sharing, lean:
             if shared is not None:
                 out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)

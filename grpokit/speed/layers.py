@@ -474,16 +474,18 @@ def lean_loras(model) -> list[torch.nn.Module]:
 
 
 @contextlib.contextmanager
-def lean_layers(model, enabled: bool = True):
+def lean_layers(model, enabled: bool = True, grad: bool = True):
     """Inside the block, ``model``'s gated SiLU MLPs (see :func:`gated_silu_mlps`) keep gate
     and up only, its Llama RMSNorms (:func:`rms_norms`) their input and reciprocal only, and
     its single-adapter LoRA layers run :class:`DropoutLinear`: the same values, fewer tensors
     kept for the backward. Not for a model under activation checkpointing (its recomputed
-    forward runs after the block). Yields the number of modules swapped."""
+    forward runs after the block). ``grad=False`` (a no-grad forward, where nothing is kept):
+    the RMSNorms only, for their one-pass C forward. Yields the number of modules swapped."""
     swaps = []
     if enabled:
-        swaps += [(m, _lean_forward) for m in gated_silu_mlps(model)]
         swaps += [(m, _lean_norm_forward) for m in rms_norms(model)]
+    if enabled and grad:
+        swaps += [(m, _lean_forward) for m in gated_silu_mlps(model)]
         swaps += [(m, _lean_lora_forward) for m in lean_loras(model)]
         swaps += [sw for m in qkv_attentions(model) for sw in _shared_qkv(m)]
     for m, fwd in swaps:

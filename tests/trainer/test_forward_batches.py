@@ -349,3 +349,29 @@ def test_tied_head_gradient_takes_the_lookups_sparse_gradients_in_place(
     g_old, copies_old = backward()
     assert copies_old >= 1 and copies_new == 0  # the old order copied; the new one does not
     torch.testing.assert_close(g_new, g_old, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"bf16": True}, {"use_peft": True, "lora_r": 4}])
+def test_no_grad_forward_runs_the_c_rms_norm(tmp_path, tiny_model_dir, monkeypatch, overrides):
+    """Reference and old log-prob forwards (no grad) take RMSNorm's one-pass C forward
+    (forward.LEAN_NO_GRAD); the log-probs equal transformers' norms' to float rounding."""
+    import grpokit.forward as fwd
+    from grpokit.speed import kernels
+
+    if not kernels.rms_norm_applies(torch.ones(2, 8), torch.ones(8)):
+        pytest.skip("no C kernels here")
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", beta=0.04, **overrides))
+    calls = []
+    real = kernels.rms_norm_forward
+    monkeypatch.setattr(kernels, "rms_norm_forward", lambda *a: calls.append(1) or real(*a))
+    ro, rows = _rollout(tr), torch.tensor([4, 0, 5, 2])
+    mask = ro.completion_mask[rows].float()
+    out = {}
+    for flag in (False, True):
+        monkeypatch.setattr(fwd, "LEAN_NO_GRAD", flag)
+        calls.clear()
+        with torch.no_grad():
+            out[flag] = tr.logprobs(tr.ref_model or tr.model, ro, rows)[0] * mask
+        assert bool(calls) == flag
+    atol = 2e-2 if overrides.get("bf16") else 2e-5
+    torch.testing.assert_close(out[True], out[False], atol=atol, rtol=0)
