@@ -34,12 +34,12 @@ from grpokit.speed.prefix import (
 )
 from grpokit.speed.weights import head_weight_arriving_last
 
-# Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
-# scaling), so the fused head computes the same log-probs as the model's own forward.
 # No-grad forwards (reference, old log-probs) run the RMSNorms' C forward (lean_layers with
 # grad=False); False: transformers' norms there, as before.
 LEAN_NO_GRAD = True
 
+# Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
+# scaling), so the fused head computes the same log-probs as the model's own forward.
 FUSED_HEAD_MODEL_TYPES = frozenset(
     ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2",
      "smollm3", "gemma", "gemma3_text")
