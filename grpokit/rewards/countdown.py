@@ -35,6 +35,7 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>")  # no DOTALL, as in ms-swift
 _ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
 # ms-swift's Format reward: <think>...</think> then <answer>...</answer> and nothing after
 _FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>(?![\s\S])", re.DOTALL)
+_OPS = {"+": ast.Add, "-": ast.Sub, "*": ast.Mult, "/": ast.Div}
 _BINOPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -186,6 +187,38 @@ def countdown_closeness(prompts, completions, nums, target, **kwargs) -> list[fl
     return [
         0.0 if e is None else equation_closeness(e, n, t) for e, n, t in zip(texts, nums, target)
     ]
+
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_STEP = re.compile(r"(\d+)\s*([-+*/])\s*(\d+)\s*=\s*(\d+)")
+
+
+def steps_score(text: str, nums) -> float:
+    """The share of the ``<think>`` block's ``x op y = z`` steps (integers, one of
+    ``+ - * /``) that are true and whose operands ``x`` and ``y`` are given numbers or results
+    of earlier true steps; 0.0 when the block is missing or has no step. Never raises."""
+    m = _THINK.search(text)
+    steps = _STEP.findall(m.group(1)) if m else []
+    if not steps:
+        return 0.0
+    known, good = {int(n) for n in nums}, 0
+    for x, op, y, z in steps:
+        a, b, c = int(x), int(y), int(z)
+        value = _BINOPS[_OPS[op]](a, b) if op != "/" or b else None
+        if value is not None and value == c and a in known and b in known:
+            good += 1
+            known.add(c)
+    return good / len(steps)
+
+
+@register_reward("countdown_steps")
+def countdown_steps(prompts, completions, nums, **kwargs) -> list[float]:
+    """Partial credit (grpokit's, not ms-swift's) for the arithmetic in ``<think>``: the share
+    of its ``x op y = z`` steps that are true and start from the given numbers (or earlier
+    true steps' results), ``steps_score``. For a model whose worked steps are wrong ("7 + 3 =
+    12") the choice of operators it makes from them cannot be right; weight it below
+    ``countdown``."""
+    return [steps_score(completion_text(c), n) for c, n in zip(completions, nums)]
 
 
 @register_reward("swift_format")

@@ -43,7 +43,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from grpokit.speed.kernels import decode_attention, row_chunks, step_kernels
+from grpokit.speed.kernels import amx_linear_packer, decode_attention, row_chunks, step_kernels
 from grpokit.speed.weights import effective_weight, linear_parts
 
 _SUPPORTED = ("llama", "mistral", "qwen2")
@@ -118,7 +118,9 @@ def _packer(weight: torch.Tensor):
     1.15-1.7x faster per layer product and 1.8-2.0x on the 49,152-row output layer (two
     runs of bench/decode_products.py: 28.5 -> 14.6 and 26.0 -> 14.2 ms), equal to
     ``F.linear`` within float rounding (its sums run in another order: ~1e-5 relative).
-    Anything else: plain ``F.linear``."""
+    On a CPU with AMX, bf16 weights whose shapes fit its tiles go to grpokit's own AMX
+    product instead (``kernels.amx_linear_packer``, ``amx_linear.c``: oneDNN streamed the
+    weights at about half the memory rate at 32 rows). Anything else: plain ``F.linear``."""
     mkldnn = getattr(torch.ops, "mkldnn", None)
     if (
         weight.device.type != "cpu"
@@ -130,7 +132,12 @@ def _packer(weight: torch.Tensor):
     ):
         return lambda w, b: lambda x: F.linear(x, w, b)
 
+    amx = amx_linear_packer() if weight.dtype == torch.bfloat16 else None
+
     def pack(w, b):
+        mine = amx(w, b) if amx is not None else None
+        if mine is not None:
+            return mine
         packed = mkldnn._reorder_linear_weight(w.contiguous(), None)
         return lambda x: mkldnn._linear_pointwise(x, packed, b, "none", [], "")
 

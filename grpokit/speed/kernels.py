@@ -1,7 +1,9 @@
 """C kernels for the decode loop (``decode_step.c``), the training attention
-(``attention_train.c``) and the output layer's log-softmax (``head_softmax.c``; shared float
-helpers in ``kernel_math.h``), compiled on first use into one library with the machine's C
-compiler for the machine's own CPU, and loaded with ctypes.
+(``attention_train.c``), the output layer's log-softmax (``head_softmax.c``; shared float
+helpers in ``kernel_math.h``), the training RMSNorm (``rms_norm.c``) and, on AMX CPUs, the
+decode loop's bf16 matrix products (``amx_linear.c``, :func:`amx_linear_packer`), compiled
+on first use into one library with the machine's C compiler for the machine's own CPU, and
+loaded with ctypes.
 
 Why: a decode step of SmolLM2-135M at 32 rows does a few ms of matrix products, and around
 them ~20 small torch operations a layer (norms, rotary, cache writes, attention, SiLU,
@@ -61,7 +63,7 @@ log = logging.getLogger("grpokit")
 
 SOURCES = tuple(
     Path(__file__).with_name(n)
-    for n in ("decode_step.c", "attention_train.c", "head_softmax.c", "rms_norm.c")
+    for n in ("decode_step.c", "attention_train.c", "head_softmax.c", "rms_norm.c", "amx_linear.c")
 )
 HEADERS = (Path(__file__).with_name("kernel_math.h"),)  # included by the sources
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
@@ -131,6 +133,10 @@ def _load() -> ctypes.CDLL | None:
                 for suffix in ("bf16", "f32"):
                     fn = getattr(lib, f"{name}_{suffix}")
                     fn.argtypes, fn.restype = args, None
+            lib.amx_linear_ready.argtypes, lib.amx_linear_ready.restype = [], i
+            lib.amx_pack_bf16.argtypes, lib.amx_pack_bf16.restype = [ptr, long_, long_, ptr], None
+            lib.amx_linear_bf16.argtypes = [ptr, long_, long_, ptr, long_, ptr, ptr]
+            lib.amx_linear_bf16.restype = i
             lib.decode_sample_f32.argtypes = [ptr, long_, i, i, f, f, ptr, ptr]
             lib.decode_sample_f32.restype = long_
             for suffix in ("bf16", "f32"):
@@ -189,6 +195,52 @@ def row_chunks(group: torch.Tensor | None, n: int, prefix: int, g: int, KV: int)
             starts.append(i)
     starts.append(n)
     return RowChunks(torch.tensor(starts, dtype=torch.int64), int(prefix), n)
+
+
+def _onednn_allows_amx() -> bool:
+    """False when ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below AMX (as the bf16 golden runs do,
+    tests/trainer/golden_runs.py): the decode products then stay on oneDNN too."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return cap in ("", "ALL", "DEFAULT") or "AMX" in cap
+
+
+def amx_linear_packer():
+    """``(w, b) -> callable`` for the decode loop's bf16 products on AMX (``amx_linear.c``):
+    the weight (N, K) packed once into tiles, each call ``x (M, K) -> x w^T + b`` in bf16.
+    None where this machine, build or process has no AMX, oneDNN is capped below it, or the
+    kernels are off; the returned function gives None for a weight whose shape the kernel
+    does not take (K % 32, N % 16), and the caller keeps its own product for that one."""
+    lib = _load()
+    if lib is None or not _onednn_allows_amx() or not lib.amx_linear_ready():
+        return None
+
+    def pack(w: torch.Tensor, b: torch.Tensor | None):
+        n, k = w.shape
+        if w.dtype != torch.bfloat16 or k % 32 or n % 16 or (b is not None and b.dtype != w.dtype):
+            return None
+        w = w.contiguous()
+        packed = torch.empty_like(w)
+        lib.amx_pack_bf16(w.data_ptr(), n, k, packed.data_ptr())
+        bias = None if b is None else b.contiguous()
+        bias_ptr = None if bias is None else bias.data_ptr()
+
+        def linear(x: torch.Tensor) -> torch.Tensor:
+            x = x.contiguous()
+            if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k:
+                raise ValueError(
+                    f"amx_linear: x {tuple(x.shape)} {x.dtype} for a ({n}, {k}) bf16 weight"
+                )
+            y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+            if lib.amx_linear_bf16(
+                x.data_ptr(), x.shape[0], k, packed.data_ptr(), n, bias_ptr, y.data_ptr()
+            ):
+                raise RuntimeError("amx_linear_bf16 refused its arguments")
+            return y
+
+        linear.keep = (packed, bias)  # alive as long as the callable
+        return linear
+
+    return pack
 
 
 def decode_attention(

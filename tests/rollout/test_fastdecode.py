@@ -386,3 +386,47 @@ def test_row_chunks_refuse_rows_they_cannot_share():
     for bad in (row_chunks(None, 3, 0, 2, 2), row_chunks(torch.tensor([0, 0]), 2, 5, 2, 2)):
         with pytest.raises(ValueError, match="decode kernel"):  # other n; prefix past slot
             K_.rope_attention(qkv, cos, sin, pos, kc, kc.clone(), 3, attend, 0.3, bad)
+
+
+def test_step_with_tile_sized_products_equals_the_model_forward():
+    """Shapes the AMX products take (K % 32, N % 16): on an AMX CPU every product of the step
+    runs there (amx_linear.c), elsewhere oneDNN's; logits equal the bf16 forward's."""
+    from grpokit.speed.kernels import amx_linear_packer
+
+    torch.manual_seed(0)
+    shape = dict(
+        SHAPE, vocab_size=112, hidden_size=64, intermediate_size=128, num_attention_heads=4
+    )
+    model = LlamaForCausalLM(LlamaConfig(**shape, rope_scaling=None, tie_word_embeddings=True))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model = model.to(torch.bfloat16).eval()
+    ids, mask, nxt_pos, cache = _prefilled(model)
+    _, _, _, cache_ref = _prefilled(model)
+    P = ids.shape[1]
+    fast = FastDecoder.build(model, P + 5)
+    fast.rotary_tables(P + 5, torch.bfloat16)
+    amx = amx_linear_packer() is not None
+    products = [f for ly in fast.layers for f in (ly.qkv, ly.o, ly.gu, ly.down)] + [fast.head]
+    assert all(hasattr(f, "keep") == amx for f in products)
+    tok = torch.tensor([5, 17, 42])
+    for t in range(3):
+        mask[:, P + t] = 1
+        with torch.no_grad():
+            ref = (
+                model(
+                    input_ids=tok[:, None],
+                    attention_mask=mask[:, : P + t + 1],
+                    position_ids=(nxt_pos + t)[:, None],
+                    **cache_kwarg(cache_ref),
+                    cache_position=torch.tensor([P + t]),
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
+        keys, values = _layers(cache)
+        got = fast.step(tok, nxt_pos + t, keys, values, P + t, mask[:, : P + t + 1].bool())
+        torch.testing.assert_close(got, ref, atol=0.1, rtol=0.05)
+        tok = ref.argmax(-1)

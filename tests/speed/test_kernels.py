@@ -304,3 +304,52 @@ def test_rms_norm_kernels_match_autograd_through_transformers_ops(dtype, shape):
     assert not kernels.rms_norm_applies(x0, w0.bfloat16())
     assert not kernels.rms_norm_applies(x0.transpose(0, -1), torch.ones(x0.shape[0]))
     assert kernels.rms_norm_forward(x0, w0.bfloat16(), eps) is None
+
+
+def _has_amx() -> bool:
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return " amx_bf16" in flags and " amx_tile" in flags
+
+
+@needs_cc
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 32, 33, 70])
+@pytest.mark.parametrize("N, K, bias", [(960, 576, False), (48, 64, True), (16, 32, True)])
+def test_amx_products_match_float32_sums(M, N, K, bias):
+    """The decode loop's bf16 products on AMX (amx_linear.c): x w^T + b summed in float32,
+    rounded once to bf16; rows past 32 and a partial last group of rows included. On a CPU
+    without AMX the packer is None and the decoder keeps oneDNN."""
+    pack = kernels.amx_linear_packer()
+    if not _has_amx():
+        assert pack is None
+        pytest.skip("no AMX on this CPU: the products stay on oneDNN")
+    assert pack is not None
+    gen = torch.Generator().manual_seed(M * 1000 + N)
+    w = torch.randn(N, K, generator=gen).to(torch.bfloat16)
+    x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
+    b = torch.randn(N, generator=gen).to(torch.bfloat16) if bias else None
+    got = pack(w, b)(x)
+    want = x.float() @ w.float().t() + (b.float() if bias else 0.0)
+    assert got.dtype == torch.bfloat16 and got.shape == (M, N)
+    # one bf16 rounding of a float32 sum: within half a bf16 unit of the exact value
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-3)
+
+
+@needs_cc
+def test_amx_products_decline_what_they_do_not_take(monkeypatch):
+    pack = kernels.amx_linear_packer()
+    if pack is None:
+        pytest.skip("no AMX on this CPU")
+    w = torch.zeros(48, 64, dtype=torch.bfloat16)
+    assert pack(torch.zeros(40, 64, dtype=torch.bfloat16), None) is None  # N % 16
+    assert pack(torch.zeros(48, 48, dtype=torch.bfloat16), None) is None  # K % 32
+    assert pack(w.float(), None) is None
+    with pytest.raises(ValueError, match="amx_linear"):
+        pack(w, None)(torch.zeros(2, 32, dtype=torch.bfloat16))
+    # oneDNN capped below AMX (the bf16 golden runs): the decode products stay on oneDNN
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert kernels.amx_linear_packer() is None
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert kernels.amx_linear_packer() is not None
