@@ -1,12 +1,13 @@
 /* The decode loop's matrix products on Intel AMX: y (M, N) = x (M, K) W^T (+ bias), bf16 in
- * and out, float32 sums, for the few rows of a decode step (M <= 32) against a weight packed
- * once per rollout (grpokit/speed/fastdecode.py; grpokit/speed/kernels.py builds and loads
- * this file). Why: at 32 rows a decode product reads each weight once from memory and does
- * 32 multiply-adds with it, so its time is the weight's bytes over the memory rate; oneDNN's
- * packed product (torch.ops.mkldnn._linear_pointwise) streamed SmolLM2-135M's 180 layer
- * weights at 12.3 GB/s where a plain sum over the same bytes reads 20-25 GB/s (Intel Xeon,
- * family 6 model 167, 2 threads). Here each thread walks its own columns' tiles in the
- * order they lie in memory, and the tile unit does the sums.
+ * and out, float32 sums, for the few rows of a decode step (any M; 32 at a time) against a
+ * weight packed once per rollout (grpokit/speed/fastdecode.py; grpokit/speed/kernels.py
+ * builds and loads this file). Why: at 32 rows a decode product reads each weight once from
+ * memory and does 32 multiply-adds with it, so its time is the weight's bytes over the
+ * memory rate; oneDNN's packed product (torch.ops.mkldnn._linear_pointwise) streamed
+ * SmolLM2-135M's 120 fused layer weights at 12.3-15.8 GB/s where a plain sum over the same
+ * bytes reads 20-25 GB/s, and this kernel 20-22 (Intel Xeon, family 6 model 167, 2 threads;
+ * docs/speed.md). Each thread walks its own columns' tiles in the order they lie in memory,
+ * and the tile unit does the sums.
  *
  * Packed layout (amx_pack_bf16): for each block of 16 output columns, for each chunk of 32
  * of K, one 1 KB tile of 16 rows: row r holds, for columns c = 0..15, the pair

@@ -231,7 +231,7 @@ def amx_linear_packer():
                     f"amx_linear: x {tuple(x.shape)} {x.dtype} for a ({n}, {k}) bf16 weight"
                 )
             y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
-            if lib.amx_linear_bf16(
+            if x.shape[0] and lib.amx_linear_bf16(
                 x.data_ptr(), x.shape[0], k, packed.data_ptr(), n, bias_ptr, y.data_ptr()
             ):
                 raise RuntimeError("amx_linear_bf16 refused its arguments")

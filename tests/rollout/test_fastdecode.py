@@ -83,6 +83,39 @@ def _layers(cache):
     return [ly.keys for ly in cache.layers], [ly.values for ly in cache.layers]
 
 
+def _three_steps(model, dtype, check) -> FastDecoder:
+    """Three decode steps of ``FastDecoder`` against the model's own forward over the same
+    prefilled cache (the cache the fast path writes feeds its next step); ``check(got, ref,
+    keys, ref_keys, S)`` after each. Returns the decoder."""
+    ids, mask, nxt_pos, cache = _prefilled(model)
+    _, _, _, cache_ref = _prefilled(model)
+    P = ids.shape[1]
+    fast = FastDecoder.build(model, P + 5)
+    assert fast is not None
+    fast.rotary_tables(P + 5, dtype)
+    tok = torch.tensor([5, 17, 42])
+    for t in range(3):
+        mask[:, P + t] = 1
+        with torch.no_grad():
+            ref = (
+                model(
+                    input_ids=tok[:, None],
+                    attention_mask=mask[:, : P + t + 1],
+                    position_ids=(nxt_pos + t)[:, None],
+                    **cache_kwarg(cache_ref),
+                    cache_position=torch.tensor([P + t]),
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
+        keys, values = _layers(cache)
+        got = fast.step(tok, nxt_pos + t, keys, values, P + t, mask[:, : P + t + 1].bool())
+        check(got, ref, keys, _layers(cache_ref)[0], P + t + 1)
+        tok = ref.argmax(-1)
+    return fast
+
+
 @pytest.mark.parametrize("kind", ["llama", "llama3-rope", "qwen2", "mistral"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_step_logits_equal_the_model_forward(kind, dtype, monkeypatch):
@@ -102,36 +135,15 @@ def test_step_logits_equal_the_model_forward(kind, dtype, monkeypatch):
     model = _model(kind, dtype)
     if kind == "qwen2":
         assert model.model.layers[0].self_attn.q_proj.bias is not None
-    ids, mask, nxt_pos, cache = _prefilled(model)
-    _, _, _, cache_ref = _prefilled(model)
-    B, P = ids.shape
-    fast = FastDecoder.build(model, P + 5)
-    assert fast is not None
-    fast.rotary_tables(P + 5, dtype)
-    tok = torch.tensor([5, 17, 42])
-    for t in range(3):  # three steps: the cache written by the fast path feeds the next
-        mask[:, P + t] = 1
-        with torch.no_grad():
-            ref = (
-                model(
-                    input_ids=tok[:, None],
-                    attention_mask=mask[:, : P + t + 1],
-                    position_ids=(nxt_pos + t)[:, None],
-                    **cache_kwarg(cache_ref),
-                    cache_position=torch.tensor([P + t]),
-                    use_cache=True,
-                )
-                .logits[:, -1]
-                .float()
-            )
-        keys, values = _layers(cache)
-        got = fast.step(tok, nxt_pos + t, keys, values, P + t, mask[:, : P + t + 1].bool())
-        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+
+    def check(got, ref, keys, ref_keys, S):
         torch.testing.assert_close(got, ref, **tol)
         if dtype == torch.float32:
-            for a, b in zip(keys, _layers(cache_ref)[0]):
-                torch.testing.assert_close(a[:, :, : P + t + 1], b[:, :, : P + t + 1])
-        tok = ref.argmax(-1)
+            for a, b in zip(keys, ref_keys):
+                torch.testing.assert_close(a[:, :, :S], b[:, :, :S])
+
+    fast = _three_steps(model, dtype, check)
     has_cc = bool(shutil.which("cc") or shutil.which("gcc"))
     assert (fast.kernels is not None) == has_cc
     assert len(used) == (3 * model.config.num_hidden_layers if has_cc else 0)
@@ -402,31 +414,11 @@ def test_step_with_tile_sized_products_equals_the_model_forward():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     model = model.to(torch.bfloat16).eval()
-    ids, mask, nxt_pos, cache = _prefilled(model)
-    _, _, _, cache_ref = _prefilled(model)
-    P = ids.shape[1]
-    fast = FastDecoder.build(model, P + 5)
-    fast.rotary_tables(P + 5, torch.bfloat16)
+    fast = _three_steps(
+        model,
+        torch.bfloat16,
+        lambda got, ref, *_: torch.testing.assert_close(got, ref, atol=0.1, rtol=0.05),
+    )
     amx = amx_linear_packer() is not None
     products = [f for ly in fast.layers for f in (ly.qkv, ly.o, ly.gu, ly.down)] + [fast.head]
     assert all(hasattr(f, "keep") == amx for f in products)
-    tok = torch.tensor([5, 17, 42])
-    for t in range(3):
-        mask[:, P + t] = 1
-        with torch.no_grad():
-            ref = (
-                model(
-                    input_ids=tok[:, None],
-                    attention_mask=mask[:, : P + t + 1],
-                    position_ids=(nxt_pos + t)[:, None],
-                    **cache_kwarg(cache_ref),
-                    cache_position=torch.tensor([P + t]),
-                    use_cache=True,
-                )
-                .logits[:, -1]
-                .float()
-            )
-        keys, values = _layers(cache)
-        got = fast.step(tok, nxt_pos + t, keys, values, P + t, mask[:, : P + t + 1].bool())
-        torch.testing.assert_close(got, ref, atol=0.1, rtol=0.05)
-        tok = ref.argmax(-1)

@@ -346,6 +346,7 @@ def test_amx_products_decline_what_they_do_not_take(monkeypatch):
     assert pack(torch.zeros(40, 64, dtype=torch.bfloat16), None) is None  # N % 16
     assert pack(torch.zeros(48, 48, dtype=torch.bfloat16), None) is None  # K % 32
     assert pack(w.float(), None) is None
+    assert pack(w, None)(torch.zeros(0, 64, dtype=torch.bfloat16)).shape == (0, 48)  # no rows
     with pytest.raises(ValueError, match="amx_linear"):
         pack(w, None)(torch.zeros(2, 32, dtype=torch.bfloat16))
     # oneDNN capped below AMX (the bf16 golden runs): the decode products stay on oneDNN
