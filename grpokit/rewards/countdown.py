@@ -35,7 +35,6 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>")  # no DOTALL, as in ms-swift
 _ALLOWED = re.compile(r"^[\d+\-*/().\s]+$")
 # ms-swift's Format reward: <think>...</think> then <answer>...</answer> and nothing after
 _FORMAT = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>(?![\s\S])", re.DOTALL)
-_OPS = {"+": ast.Add, "-": ast.Sub, "*": ast.Mult, "/": ast.Div}
 _BINOPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -191,6 +190,7 @@ def countdown_closeness(prompts, completions, nums, target, **kwargs) -> list[fl
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _STEP = re.compile(r"(\d+)\s*([-+*/])\s*(\d+)\s*=\s*(\d+)")
+_STEP_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
 def steps_score(text: str, nums) -> float:
@@ -204,7 +204,7 @@ def steps_score(text: str, nums) -> float:
     known, good = {int(n) for n in nums}, 0
     for x, op, y, z in steps:
         a, b, c = int(x), int(y), int(z)
-        value = _BINOPS[_OPS[op]](a, b) if op != "/" or b else None
+        value = _STEP_OPS[op](a, b) if op != "/" or b else None
         if value is not None and value == c and a in known and b in known:
             good += 1
             known.add(c)

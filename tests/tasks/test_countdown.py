@@ -506,23 +506,21 @@ def test_countdown_closeness_is_one_exactly_where_countdown_is():
 
 
 @pytest.mark.parametrize(
-    "completion, score",
+    "completion, nums, score",
     [
-        ("<think>7 + 3 = 10. 7 - 3 = 4. 7 * 3 = 21.</think> <answer>7 - 3</answer>", 1.0),
-        ("<think>7 + 3 = 12. 7 - 3 = 4. 7 * 3 = 21. 7 / 3 = 2.</think>", 0.5),  # 2 of 4 true
-        ("<think>7 + 3 = 10. 10 * 2 = 20.</think>", 0.5),  # 2 is neither given nor a result
-        ("<think>2 * 5 = 10, and 10 + 3 = 13.</think>", 0.0),  # not this problem's numbers
-        ("<think>3 - 7 = 4.</think>", 0.0),  # negative results are false, not absolute
-        ("<think>7 / 0 = 0. 7 + 3 = 10.</think>", 0.5),  # division by zero is a false step
-        ("<think>I would add them.</think> <answer>7 + 3</answer>", 0.0),  # no step
-        ("7 + 3 = 10. <answer>7 + 3</answer>", 0.0),  # no <think> block
+        ("<think>7 + 3 = 10. 7 - 3 = 4. 7 * 3 = 21.</think> <answer>7 - 3</answer>", [7, 3], 1.0),
+        ("<think>7 + 3 = 12. 7 - 3 = 4. 7 * 3 = 21. 7 / 3 = 2.</think>", [7, 3], 0.5),  # 2 of 4
+        ("<think>7 + 3 = 10. 10 * 2 = 20.</think>", [7, 3], 0.5),  # 2: not given, not a result
+        ("<think>2 * 5 = 10, and 10 + 3 = 13.</think>", [7, 3], 0.0),  # another problem's numbers
+        ("<think>3 - 7 = 4.</think>", [7, 3], 0.0),  # negative results are false, not absolute
+        ("<think>7 / 0 = 0. 7 + 3 = 10.</think>", [7, 3, 0], 0.5),  # division by zero: false
+        ("<think>I would add them.</think> <answer>7 + 3</answer>", [7, 3], 0.0),  # no step
+        ("7 + 3 = 10. <answer>7 + 3</answer>", [7, 3], 0.0),  # no <think> block
     ],
 )
-def test_countdown_steps_scores_true_steps_from_the_given_numbers(completion, score):
+def test_countdown_steps_scores_true_steps_from_the_given_numbers(completion, nums, score):
     (fn,) = get_reward_funcs(["countdown_steps"])
-    assert fn(["p"], [completion], nums=[[7, 3, 0]] if "/ 0" in completion else [[7, 3]]) == [
-        pytest.approx(score)
-    ]
+    assert fn(["p"], [completion], nums=[nums]) == [pytest.approx(score)]
 
 
 def test_countdown_steps_follows_results_into_later_steps():
