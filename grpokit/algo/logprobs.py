@@ -48,6 +48,14 @@ def _chunk_tokens(vocab: int, budget_bytes: int = 1 << 27) -> int:
 # larger blocks: forward and backward 3.5 -> 4.1 s at a quarter) nor for the backward that
 # recomputes logits chunk by chunk (an entropy gradient: 1.58 -> 1.98 s at a quarter).
 LOW_PRECISION_FORWARD_BUDGET = 1 << 25
+# ... and with a ``softmax_rows`` (one C pass over each chunk's low-precision logits, no float32
+# blocks): chunks of 4x as many tokens, 682 for a 49,152 vocabulary (67 MB of bf16 logits, the
+# two float32 blocks of the quarter chunks not made). oneDNN repacks the (V, H) weight at each
+# product call, a fixed ~5 ms for a 49k x 576 head, so fewer, larger calls: 2,048 x 49,152 x
+# 576 bf16 at 170 tokens a call 108 ms, at 682 57 ms (2 threads, Intel Xeon family 6 model
+# 167, AMX). False: the quarter chunks as before (for comparisons).
+KERNEL_FORWARD_BUDGET = 1 << 27
+KERNEL_CHUNKS = True
 
 
 class _LinearLogProbs(torch.autograd.Function):
@@ -75,11 +83,7 @@ class _LinearLogProbs(torch.autograd.Function):
         # process grew by ~0.1 GB a step that way.
         step = fwd_chunk or chunk
         rows = min(step, N)
-        bufs = (
-            torch.empty(rows, V, dtype=torch.float32, device=dev),  # logits, then softmax
-            torch.empty(rows, V, dtype=torch.float32, device=dev),  # log-softmax
-            None if cdtype == torch.float32 else torch.empty(rows, V, dtype=cdtype, device=dev),
-        )
+        bufs = _ChunkBuffers(rows, V, cdtype, dev)
         probs = None
         if keep:  # rows rounded up to whole chunks: a few sizes only
             probs = torch.empty(-(-N // rows) * rows, V, dtype=cdtype, device=dev)
@@ -165,21 +169,44 @@ class _LinearLogProbs(torch.autograd.Function):
         return g_h, g_w, g_b, None, None, None, None, None, None, None, None, None
 
 
+class _ChunkBuffers:
+    """The forward's work buffers, (rows, V) each, one fixed size whatever N is: the
+    product's output in the compute dtype (``low``, None for float32 products) and two
+    float32 blocks (logits then softmax, log-softmax) made on first use, which a
+    ``softmax_rows`` that takes every chunk never makes."""
+
+    def __init__(self, rows: int, V: int, cdtype: torch.dtype, dev):
+        self.rows, self.V, self.dev = rows, V, dev
+        self.low = None
+        if cdtype != torch.float32:
+            self.low = torch.empty(rows, V, dtype=cdtype, device=dev)
+        self._f32 = None
+
+    def float32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._f32 is None:
+            self._f32 = tuple(
+                torch.empty(self.rows, self.V, dtype=torch.float32, device=self.dev)
+                for _ in range(2)
+            )
+        return self._f32
+
+
 def _chunk_forward(h, w, b, targets, inv_temp, bufs, logp, lse, ent, probs, softmax_rows):
     """One chunk of n tokens: fills ``logp`` and ``lse`` (n,), ``ent`` (n,) when given and
     the softmax into ``probs`` (n, V) when given. ``softmax_rows`` (see
     :func:`linear_logprobs`) takes the chunk's logits as the product left them; where it
     declines, torch's operations run."""
     n = h.shape[0]
-    lg, ls = bufs[0][:n], bufs[1][:n]
-    low = None if bufs[2] is None else bufs[2][:n]
+    low = None if bufs.low is None else bufs.low[:n]
     if softmax_rows is not None:
-        raw = lg if low is None else low
+        raw = bufs.float32()[0][:n] if low is None else low
         _product_into(h, w, b, raw)
         if softmax_rows(raw, inv_temp, targets, logp, lse, ent, probs):
             return
+        lg, ls = (t[:n] for t in bufs.float32())
         _upcast_scaled(raw, lg, inv_temp)
     else:
+        lg, ls = (t[:n] for t in bufs.float32())
         _linear_into(h, w, b, lg, low, scale=inv_temp)
     torch.ops.aten._log_softmax.out(lg, -1, False, out=ls)
     t = targets[:, None]
@@ -318,7 +345,10 @@ def linear_logprobs(
     chunk = chunk_tokens or _chunk_tokens(weight.shape[0])
     fwd_chunk = chunk
     if not chunk_tokens and cd != torch.float32:
-        fwd_chunk = _chunk_tokens(weight.shape[0], LOW_PRECISION_FORWARD_BUDGET)
+        budget = LOW_PRECISION_FORWARD_BUDGET
+        if softmax_rows is not None and KERNEL_CHUNKS:
+            budget = KERNEL_FORWARD_BUDGET
+        fwd_chunk = _chunk_tokens(weight.shape[0], budget)
     logp, ent = _LinearLogProbs.apply(
         hidden,
         weight,

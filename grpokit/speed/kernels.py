@@ -63,8 +63,9 @@ log = logging.getLogger("grpokit")
 
 SOURCES = tuple(
     Path(__file__).with_name(n)
-    for n in ("decode_step.c", "attention_train.c", "head_softmax.c", "rms_norm.c", "amx_linear.c")
-)
+    for n in ("decode_step.c", "attention_train.c", "head_softmax.c", "rms_norm.c", "amx_linear.c",
+              "elementwise_train.c")
+)  # fmt: skip
 HEADERS = (Path(__file__).with_name("kernel_math.h"),)  # included by the sources
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
          "-fno-signed-zeros", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]  # fmt: skip
@@ -153,6 +154,15 @@ def _load() -> ctypes.CDLL | None:
                 fn.argtypes, fn.restype = [ptr, ptr, f, ptr, ptr, long_, i], None
                 fn = getattr(lib, f"rms_norm_backward_{suffix}")
                 fn.argtypes, fn.restype = [ptr] * 6 + [long_, i], i
+                for name in ("rope_forward", "rope_backward"):
+                    fn = getattr(lib, f"{name}_{suffix}")
+                    fn.argtypes = [ptr, long_, long_, long_, i, i, i, i, ptr, ptr, long_, long_,
+                                   ptr, long_, long_, long_]  # fmt: skip
+                    fn.restype = None
+                fn = getattr(lib, f"silu_mul_forward_{suffix}")
+                fn.argtypes, fn.restype = [ptr, ptr, ptr, long_], None
+                fn = getattr(lib, f"silu_mul_backward_{suffix}")
+                fn.argtypes, fn.restype = [ptr] * 5 + [long_], None
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
             log.info("C kernels unavailable (%s); using torch's operations", e)
@@ -607,3 +617,107 @@ def rms_norm_backward(dy, x, w, r, need_w: bool = True):
         None if dw is None else dw.data_ptr(), x.numel() // C, C,
     )  # fmt: skip
     return None if failed else (dx, dw)
+
+
+def available() -> bool:
+    """Whether the C kernels built and loaded on this machine."""
+    return _load() is not None
+
+
+def _rope_args(x, cos, sin) -> bool:
+    """Whether the rotary kernels read ``x`` (B, H, T, D) and ``cos``/``sin`` (B or 1, T, D)
+    as they are: x bf16 or float32 with unit stride along D (any other strides), the tables
+    float32 with unit stride along D and the same strides as each other."""
+    return (
+        x.dtype in _SUFFIX
+        and x.dim() == 4
+        and x.device.type == "cpu"
+        and x.shape[-1] % 2 == 0
+        and x.stride(-1) == 1
+        and x.numel() > 0
+        and all(
+            t.dtype == torch.float32
+            and t.device.type == "cpu"
+            and t.dim() == 3
+            and t.shape[1:] == (x.shape[2], x.shape[3])
+            and t.shape[0] in (1, x.shape[0])
+            and t.stride(-1) == 1
+            for t in (cos, sin)
+        )
+        and cos.stride() == sin.stride()
+    )
+
+
+def rope_applies(x, cos, sin) -> bool:
+    """Whether :func:`rope_forward` and :func:`rope_backward` run for these tensors."""
+    return _rope_args(x, cos, sin) and _load() is not None
+
+
+def _rope_call(name: str, x, cos, sin, out) -> None:
+    B, H, T, D = x.shape
+    cb = cos.stride(0) if cos.shape[0] > 1 else 0
+    getattr(_load(), f"{name}_{_SUFFIX[x.dtype]}")(
+        x.data_ptr(), x.stride(0), x.stride(1), x.stride(2), B, H, T, D,
+        cos.data_ptr(), sin.data_ptr(), cb, cos.stride(1),
+        out.data_ptr(), out.stride(0), out.stride(1), out.stride(2),
+    )  # fmt: skip
+
+
+def rope_forward(x, cos, sin) -> torch.Tensor:
+    """transformers' ``x * cos + rotate_half(x) * sin`` for ``x`` (B, H, T, D) and float32
+    ``cos``/``sin`` (B or 1, T, D), computed in float32 and returned contiguous in x's dtype
+    (bf16: the cast the attention makes of the float32 result; the caller checked
+    :func:`rope_applies`)."""
+    y = torch.empty(x.shape, dtype=x.dtype)
+    _rope_call("rope_forward", x, cos, sin, y)
+    return y
+
+
+def rope_backward(g, cos, sin, like) -> torch.Tensor:
+    """The gradient w.r.t. the input of :func:`rope_forward`, from the output's gradient
+    ``g``, as autograd computes it through transformers' operations; in ``like``'s dtype and
+    memory layout (the input's)."""
+    if g.dtype != like.dtype or g.stride(-1) != 1:
+        g = g.to(like.dtype).contiguous()
+    dx = torch.empty_like(like)
+    if dx.stride(-1) != 1:
+        dx = torch.empty(like.shape, dtype=like.dtype)
+    _rope_call("rope_backward", g, cos, sin, dx)
+    return dx
+
+
+def silu_mul_applies(g, u) -> bool:
+    """Whether :func:`silu_mul_forward` and :func:`silu_mul_backward` run for ``g``, ``u``:
+    the same shape and dtype (bf16 or float32), contiguous, on the CPU."""
+    return (
+        g.dtype in _SUFFIX
+        and u.dtype == g.dtype
+        and g.shape == u.shape
+        and g.device.type == "cpu"
+        and u.device.type == "cpu"
+        and g.is_contiguous()
+        and u.is_contiguous()
+        and _load() is not None
+    )
+
+
+def silu_mul_forward(g, u) -> torch.Tensor:
+    """``silu(g) * u`` in one pass, rounded as torch rounds each of the two operations."""
+    y = torch.empty_like(g)
+    getattr(_load(), f"silu_mul_forward_{_SUFFIX[g.dtype]}")(
+        g.data_ptr(), u.data_ptr(), y.data_ptr(), g.numel()
+    )
+    return y
+
+
+def silu_mul_backward(dy, g, u, need_g: bool = True, need_u: bool = True):
+    """(d g, d u) of ``silu(g) * u`` from the output's gradient ``dy`` (None where not
+    needed), as autograd computes them through silu_backward and the two products."""
+    dy = dy.to(g.dtype).contiguous()
+    dg = torch.empty_like(g) if need_g else None
+    du = torch.empty_like(u) if need_u else None
+    getattr(_load(), f"silu_mul_backward_{_SUFFIX[g.dtype]}")(
+        dy.data_ptr(), g.data_ptr(), u.data_ptr(),
+        None if dg is None else dg.data_ptr(), None if du is None else du.data_ptr(), g.numel(),
+    )  # fmt: skip
+    return dg, du

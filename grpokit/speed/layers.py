@@ -53,11 +53,15 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.speed import kernels
+from grpokit.speed.rotary import lean_rotary
 from grpokit.speed.weights import linear_parts
 
 # RMSNorm through the C kernels where they build and apply (False: torch's operations; for
 # comparisons)
 USE_RMS_KERNEL = True
+# SwiGLU's silu(gate) * up, forward and backward, through the C kernels (elementwise_train.c)
+# where they build and apply (False: torch's operations; for comparisons)
+USE_SILU_KERNEL = True
 
 
 class SiLUMul(torch.autograd.Function):
@@ -66,24 +70,36 @@ class SiLUMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g, u):
         ctx.save_for_backward(g, u)
-        return F.silu(g) * u
+        return silu_times(g, u)
 
     @staticmethod
     def backward(ctx, grad):
         g, u = ctx.saved_tensors
+        need_g, need_u = ctx.needs_input_grad[:2]
+        if USE_SILU_KERNEL and kernels.silu_mul_applies(g, u):
+            return kernels.silu_mul_backward(grad, g, u, need_g, need_u)
         grad_g = grad_u = None
-        if ctx.needs_input_grad[0]:
+        if need_g:
             grad_g = torch.ops.aten.silu_backward(grad * u, g)
-        if ctx.needs_input_grad[1]:
+        if need_u:
             grad_u = grad * F.silu(g)
         return grad_g, grad_u
+
+
+def silu_times(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``silu(g) * u`` without a graph: one C pass where the kernels read the tensors (the
+    same rounding as torch's two operations; silu's exp within 2 ulp of torch's), else
+    torch's operations. Deterministic, so a recomputation gives the same values."""
+    if USE_SILU_KERNEL and kernels.silu_mul_applies(g, u):
+        return kernels.silu_mul_forward(g, u)
+    return F.silu(g) * u
 
 
 def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``silu(g) * u``; through :class:`SiLUMul` when a gradient is recorded."""
     if torch.is_grad_enabled() and (g.requires_grad or u.requires_grad):
         return SiLUMul.apply(g, u)
-    return F.silu(g) * u
+    return silu_times(g, u)
 
 
 MASK_CHUNK = 1 << 20  # elements a generator draws; fixed, so masks do not depend on threads
@@ -329,7 +345,7 @@ def _lean_forward(self, x):
     cast of ``x`` (:func:`shared_cast`), kept once, not twice."""
     g, u = shared_cast(x, (self.gate_proj, self.up_proj)) or (self.gate_proj(x), self.up_proj(x))
     m = silu_mul(g, u)
-    with recomputed_when_saved(m, lambda: F.silu(g) * u):  # silu_mul's own operations
+    with recomputed_when_saved(m, lambda: silu_times(g.detach(), u.detach())):  # the same pass
         return self.down_proj(m)
 
 
@@ -480,19 +496,22 @@ def lean_layers(model, enabled: bool = True, grad: bool = True):
     its single-adapter LoRA layers run :class:`DropoutLinear`: the same values, fewer tensors
     kept for the backward. Not for a model under activation checkpointing (its recomputed
     forward runs after the block). ``grad=False`` (a no-grad forward, where nothing is kept):
-    the RMSNorms only, for their one-pass C forward. Yields the number of modules swapped."""
+    the RMSNorms and the MLPs' silu(gate) * up only, for their one-pass C forwards. Either
+    way the rotary embeddings run :mod:`grpokit.speed.rotary`'s C passes. Yields the number
+    of modules swapped."""
     swaps = []
     if enabled:
         swaps += [(m, _lean_norm_forward) for m in rms_norms(model)]
-    if enabled and grad:
         swaps += [(m, _lean_forward) for m in gated_silu_mlps(model)]
+    if enabled and grad:
         swaps += [(m, _lean_lora_forward) for m in lean_loras(model)]
         swaps += [sw for m in qkv_attentions(model) for sw in _shared_qkv(m)]
     for m, fwd in swaps:
         m.forward = types.MethodType(fwd, m)
     _CASTS.append({})
     try:
-        yield len(swaps)
+        with lean_rotary(model, enabled) as n_rotary:
+            yield len(swaps) + n_rotary
     finally:
         _CASTS.pop()
         for m, _ in swaps:

@@ -74,11 +74,13 @@ def _run(model, ids, lean: bool, amp: bool):
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_same_values_and_gradients_with_less_kept(amp, lora, rms_kernel, monkeypatch):
-    """Bit for bit with torch's RMSNorm operations; with the C RMSNorm (its sums in another
-    order) to float32 rounding."""
+    """Bit for bit with torch's RMSNorm and SiLU operations (the C rotary pass is bit for bit
+    either way); with the C RMSNorm (its sums in another order) and SiLU (its exp within 2
+    ulp of torch's) to float32 rounding."""
     if rms_kernel and not kernels.rms_norm_applies(torch.zeros(2), torch.zeros(2)):
         pytest.skip("no C kernels here")
     monkeypatch.setattr(layers, "USE_RMS_KERNEL", rms_kernel)
+    monkeypatch.setattr(layers, "USE_SILU_KERNEL", rms_kernel)
     model = _llama(lora)
     ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
     out0, g0, kept0 = _run(model, ids, lean=False, amp=amp)

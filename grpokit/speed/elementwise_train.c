@@ -1,0 +1,107 @@
+/* Two elementwise chains of a Llama decoder layer's training forward and backward, each one
+ * pass over its tensors where torch ran several (grpokit/speed/layers.py calls them through
+ * grpokit/speed/kernels.py, which checks dtypes, shapes and strides first). bf16 or float32
+ * tensors; every sum and product is float32, and every value torch rounds to the tensor's
+ * dtype is rounded here too (to nearest even), in torch's order: floating-point contraction
+ * is off in this file, so a * b + c * d is two products and a sum, as torch's kernels do it.
+ *
+ * Rotary position embedding (transformers' apply_rotary_pos_emb, x of q's or k's dtype and
+ * float32 cos/sin, the residual stream's dtype under autocast), per vector of D = 2 h:
+ *   rope_forward:   y_i = x_i c_i - x_{i+h} s_i   (i < h)      output: x's dtype (bf16:
+ *                   y_i = x_i c_i + x_{i-h} s_i   (i >= h)     the cast the attention makes)
+ *   rope_backward:  a_i = round(g_i c_i), b_i = round(g_i s_i)  (autograd: each product's
+ *                   dx_i = round(a_i + b_{i+h})   (i < h)       gradient cast to x's dtype,
+ *                   dx_i = round(a_i - b_{i-h})   (i >= h)      then the two paths summed)
+ * x, y, g, dx are (B, H, T, D) with element strides (b, h, t) and unit stride along D; cos
+ * and sin (B or 1, T, D) with strides (cb, ct).
+ *
+ * SwiGLU's product (grpokit's SiLUMul: silu(g) * u, keeping g and u):
+ *   silu_mul_forward:   y = round(round(g / (1 + exp(-g))) * u)
+ *   silu_mul_backward:  dg = round(round(dy u) * s * (1 + g (1 - s))), s = 1 / (1 + exp(-g))
+ *                       du = round(dy * round(g / (1 + exp(-g))))
+ * torch's silu, mul and silu_backward; exp is kernel_math.h's (within 2 ulp of libm's), so a
+ * result can differ from torch's in its last bf16 bit. Flat contiguous tensors of n. */
+#pragma GCC optimize("fp-contract=off")
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernel_math.h"
+
+#define DEFINE_ROPE_TRAIN(SFX, T_, LOAD, STORE, ROUND)                                        \
+void rope_forward_##SFX(const T_* x, long xb, long xh, long xt, int B, int H, int T, int D,  \
+                        const float* cs, const float* sn, long cb, long ct, T_* y, long yb,   \
+                        long yh, long yt) {                                                   \
+    int h = D / 2;                                                                            \
+    long n = (long)B * T;                                                                     \
+    _Pragma("omp parallel for schedule(static) if (n * H * D >= 16384)")                      \
+    for (long bt = 0; bt < n; bt++) {                                                         \
+        long b = bt / T, t = bt % T;                                                          \
+        const float* c = cs + b * cb + t * ct;                                                \
+        const float* s = sn + b * cb + t * ct;                                                \
+        for (int j = 0; j < H; j++) {                                                         \
+            const T_* xr = x + b * xb + j * xh + t * xt;                                      \
+            T_* yr = y + b * yb + j * yh + t * yt;                                            \
+            for (int i = 0; i < h; i++) {                                                     \
+                float lo = LOAD(xr[i]), hi = LOAD(xr[i + h]);                                 \
+                float p = lo * c[i], q = -hi * s[i];                                          \
+                yr[i] = STORE(p + q);                                                         \
+                float p2 = hi * c[i + h], q2 = lo * s[i + h];                                 \
+                yr[i + h] = STORE(p2 + q2);                                                   \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+}                                                                                             \
+                                                                                              \
+void rope_backward_##SFX(const T_* g, long gb, long gh, long gt, int B, int H, int T, int D, \
+                         const float* cs, const float* sn, long cb, long ct, T_* dx, long db, \
+                         long dh, long dt) {                                                  \
+    int h = D / 2;                                                                            \
+    long n = (long)B * T;                                                                     \
+    _Pragma("omp parallel for schedule(static) if (n * H * D >= 16384)")                      \
+    for (long bt = 0; bt < n; bt++) {                                                         \
+        long b = bt / T, t = bt % T;                                                          \
+        const float* c = cs + b * cb + t * ct;                                                \
+        const float* s = sn + b * cb + t * ct;                                                \
+        for (int j = 0; j < H; j++) {                                                         \
+            const T_* gr = g + b * gb + j * gh + t * gt;                                      \
+            T_* dr = dx + b * db + j * dh + t * dt;                                           \
+            for (int i = 0; i < h; i++) {                                                     \
+                float glo = LOAD(gr[i]), ghi = LOAD(gr[i + h]);                               \
+                float alo = ROUND(glo * c[i]), ahi = ROUND(ghi * c[i + h]);                   \
+                float blo = ROUND(glo * s[i]), bhi = ROUND(ghi * s[i + h]);                   \
+                dr[i] = STORE(alo + bhi);                                                     \
+                dr[i + h] = STORE(ahi - blo);                                                 \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+#define DEFINE_SILU_TRAIN(SFX, T_, LOAD, STORE, ROUND)                                        \
+void silu_mul_forward_##SFX(const T_* g, const T_* u, T_* y, long n) {                       \
+    _Pragma("omp parallel for schedule(static) if (n >= 65536)")                              \
+    for (long i = 0; i < n; i++) {                                                            \
+        float a = LOAD(g[i]);                                                                 \
+        y[i] = STORE(ROUND(a / (1.f + exp_poly(-a))) * LOAD(u[i]));                           \
+    }                                                                                         \
+}                                                                                             \
+                                                                                              \
+/* dg or du may be NULL (that gradient not wanted) */                                         \
+void silu_mul_backward_##SFX(const T_* dy, const T_* g, const T_* u, T_* dg, T_* du,         \
+                             long n) {                                                        \
+    _Pragma("omp parallel for schedule(static) if (n >= 65536)")                              \
+    for (long i = 0; i < n; i++) {                                                            \
+        float a = LOAD(g[i]), d = LOAD(dy[i]);                                                \
+        float e = 1.f + exp_poly(-a);                                                         \
+        if (dg) {                                                                             \
+            float s = 1.f / e;                                                                \
+            dg[i] = STORE(ROUND(d * LOAD(u[i])) * s * (1.f + a * (1.f - s)));                 \
+        }                                                                                     \
+        if (du) du[i] = STORE(d * ROUND(a / e));                                              \
+    }                                                                                         \
+}
+
+DEFINE_ROPE_TRAIN(bf16, uint16_t, from_bf16, to_bf16, round_bf16)
+DEFINE_ROPE_TRAIN(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
+DEFINE_SILU_TRAIN(bf16, uint16_t, from_bf16, to_bf16, round_bf16)
+DEFINE_SILU_TRAIN(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
