@@ -110,6 +110,57 @@ def _build(dest: Path) -> None:
     build_library(dest, lambda out: [cc, *FLAGS, *map(str, SOURCES), "-o", str(out), "-lm"])
 
 
+def _declare(lib: ctypes.CDLL) -> None:
+    """The argument and return types of the library's functions."""
+    ptr, i, long_, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+    signatures = {
+        "decode_attention": [ptr, long_, ptr, ptr, ptr, long_, ptr, i, i, i, i, long_,
+                             long_, f],
+        "decode_rope_attention": [ptr, long_, i, i, i, ptr, ptr, ptr, ptr, ptr, long_,
+                                  long_, ptr, long_, long_, f, ptr, ptr, i, long_],
+        "decode_add_rms": [ptr, ptr, ptr, f, ptr, i, i],
+        "decode_silu_mul": [ptr, ptr, i, i],
+    }  # fmt: skip
+    for name, args in signatures.items():
+        for suffix in ("bf16", "f32"):
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes, fn.restype = args, None
+    lib.amx_linear_ready.argtypes, lib.amx_linear_ready.restype = [], i
+    lib.amx_pack_bf16.argtypes, lib.amx_pack_bf16.restype = [ptr, long_, long_, ptr], None
+    lib.amx_linear_bf16.argtypes = [ptr, long_, long_, ptr, long_, ptr, ptr]
+    lib.amx_linear_bf16.restype = i
+    lib.attention_forward_amx_bf16.argtypes = [ptr] * 4 + [long_, i, i, i, i, i, f, ptr]
+    lib.attention_forward_amx_bf16.restype = i
+    lib.attention_grad_scores_amx_bf16.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f,
+                                                                ptr, ptr]  # fmt: skip
+    lib.attention_grad_scores_amx_bf16.restype = i
+    lib.decode_sample_f32.argtypes = [ptr, long_, i, i, f, f, ptr, ptr]
+    lib.decode_sample_f32.restype = long_
+    for suffix in ("bf16", "f32"):
+        fn = getattr(lib, f"attention_grad_scores_{suffix}")
+        fn.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f, ptr, ptr]
+        fn.restype = i
+        fn = getattr(lib, f"attention_forward_{suffix}")
+        fn.argtypes = [ptr] * 4 + [long_, i, i, i, i, i, f, ptr]
+        fn.restype = i
+        fn = getattr(lib, f"head_log_softmax_{suffix}")
+        fn.argtypes = [ptr, long_, i, i, f, ptr, ptr, ptr, ptr, ptr, long_]
+        fn.restype = long_
+        fn = getattr(lib, f"rms_norm_forward_{suffix}")
+        fn.argtypes, fn.restype = [ptr, ptr, f, ptr, ptr, long_, i], None
+        fn = getattr(lib, f"rms_norm_backward_{suffix}")
+        fn.argtypes, fn.restype = [ptr] * 6 + [long_, i], i
+        for name in ("rope_forward", "rope_backward"):
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes = [ptr, long_, long_, long_, i, i, i, i, ptr, ptr, long_, long_,
+                           ptr, long_, long_, long_]  # fmt: skip
+            fn.restype = None
+        fn = getattr(lib, f"silu_mul_forward_{suffix}")
+        fn.argtypes, fn.restype = [ptr, ptr, ptr, long_], None
+        fn = getattr(lib, f"silu_mul_backward_{suffix}")
+        fn.argtypes, fn.restype = [ptr] * 5 + [long_], None
+
+
 def _load() -> ctypes.CDLL | None:
     global _lib
     if _lib is None:
@@ -121,48 +172,7 @@ def _load() -> ctypes.CDLL | None:
             if not path.exists():
                 _build(path)
             lib = ctypes.CDLL(str(path))
-            ptr, i, long_, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
-            signatures = {
-                "decode_attention": [ptr, long_, ptr, ptr, ptr, long_, ptr, i, i, i, i, long_,
-                                     long_, f],
-                "decode_rope_attention": [ptr, long_, i, i, i, ptr, ptr, ptr, ptr, ptr, long_,
-                                          long_, ptr, long_, long_, f, ptr, ptr, i, long_],
-                "decode_add_rms": [ptr, ptr, ptr, f, ptr, i, i],
-                "decode_silu_mul": [ptr, ptr, i, i],
-            }  # fmt: skip
-            for name, args in signatures.items():
-                for suffix in ("bf16", "f32"):
-                    fn = getattr(lib, f"{name}_{suffix}")
-                    fn.argtypes, fn.restype = args, None
-            lib.amx_linear_ready.argtypes, lib.amx_linear_ready.restype = [], i
-            lib.amx_pack_bf16.argtypes, lib.amx_pack_bf16.restype = [ptr, long_, long_, ptr], None
-            lib.amx_linear_bf16.argtypes = [ptr, long_, long_, ptr, long_, ptr, ptr]
-            lib.amx_linear_bf16.restype = i
-            lib.decode_sample_f32.argtypes = [ptr, long_, i, i, f, f, ptr, ptr]
-            lib.decode_sample_f32.restype = long_
-            for suffix in ("bf16", "f32"):
-                fn = getattr(lib, f"attention_grad_scores_{suffix}")
-                fn.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f, ptr, ptr]
-                fn.restype = i
-                fn = getattr(lib, f"attention_forward_{suffix}")
-                fn.argtypes = [ptr] * 4 + [long_, i, i, i, i, i, f, ptr]
-                fn.restype = i
-                fn = getattr(lib, f"head_log_softmax_{suffix}")
-                fn.argtypes = [ptr, long_, i, i, f, ptr, ptr, ptr, ptr, ptr, long_]
-                fn.restype = long_
-                fn = getattr(lib, f"rms_norm_forward_{suffix}")
-                fn.argtypes, fn.restype = [ptr, ptr, f, ptr, ptr, long_, i], None
-                fn = getattr(lib, f"rms_norm_backward_{suffix}")
-                fn.argtypes, fn.restype = [ptr] * 6 + [long_, i], i
-                for name in ("rope_forward", "rope_backward"):
-                    fn = getattr(lib, f"{name}_{suffix}")
-                    fn.argtypes = [ptr, long_, long_, long_, i, i, i, i, ptr, ptr, long_, long_,
-                                   ptr, long_, long_, long_]  # fmt: skip
-                    fn.restype = None
-                fn = getattr(lib, f"silu_mul_forward_{suffix}")
-                fn.argtypes, fn.restype = [ptr, ptr, ptr, long_], None
-                fn = getattr(lib, f"silu_mul_backward_{suffix}")
-                fn.argtypes, fn.restype = [ptr] * 5 + [long_], None
+            _declare(lib)
             _lib = lib
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
             log.info("C kernels unavailable (%s); using torch's operations", e)
@@ -438,6 +448,11 @@ def step_kernels(dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int):
     return None if lib is None else StepKernels(lib, dtype, n_heads, n_kv, head_dim)
 
 
+# The training attention's bf16 forward on AMX tiles where the build and process have them
+# (attention_train.c's attention_forward_amx_bf16); False: the FMA forward (for comparisons)
+USE_AMX_ATTENTION = True
+
+
 def _attention_args(q, k, v, mask, extra=()):
     """Contiguous copies (where needed) of the training attention kernels' inputs, or None
     where they do not apply (another dtype or device, shapes that do not match)."""
@@ -475,10 +490,13 @@ def attention_forward(q, k, v, mask, scale: float):
     N = k.shape[2]
     out = torch.empty_like(q)
     mask_b = 0 if mask is None or mask.shape[0] == 1 else M * N
-    fn = getattr(lib, f"attention_forward_{_SUFFIX[q.dtype]}")
-    failed = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                None if mask is None else mask.data_ptr(), mask_b, G, B * G, M, N, D, scale,
-                out.data_ptr())  # fmt: skip
+    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
+            mask_b, G, B * G, M, N, D, scale, out.data_ptr())  # fmt: skip
+    if q.dtype == torch.bfloat16 and USE_AMX_ATTENTION and _onednn_allows_amx():
+        done = lib.attention_forward_amx_bf16(*args)  # -1: no AMX here, or another D
+        if done >= 0:
+            return None if done else out
+    failed = getattr(lib, f"attention_forward_{_SUFFIX[q.dtype]}")(*args)
     return None if failed else out
 
 
@@ -499,9 +517,13 @@ def attention_grad_scores(q, k, v, out, g_out, mask, scale: float):
     P = torch.empty((B, G, M, N), dtype=q.dtype)
     dS = torch.empty_like(P)
     mask_b = 0 if mask is None or mask.shape[0] == 1 else M * N
-    fn = getattr(lib, f"attention_grad_scores_{_SUFFIX[q.dtype]}")
-    failed = fn(*(t.data_ptr() for t in ts), None if mask is None else mask.data_ptr(), mask_b,
-                G, B * G, M, N, D, scale, P.data_ptr(), dS.data_ptr())  # fmt: skip
+    args = (*(t.data_ptr() for t in ts), None if mask is None else mask.data_ptr(), mask_b,
+            G, B * G, M, N, D, scale, P.data_ptr(), dS.data_ptr())  # fmt: skip
+    if q.dtype == torch.bfloat16 and USE_AMX_ATTENTION and _onednn_allows_amx():
+        done = lib.attention_grad_scores_amx_bf16(*args)  # -1: no AMX here, or another D
+        if done >= 0:
+            return None if done else (P, dS)
+    failed = getattr(lib, f"attention_grad_scores_{_SUFFIX[q.dtype]}")(*args)
     return None if failed else (P, dS)
 
 

@@ -427,3 +427,37 @@ def test_training_route_makes_the_stacked_mask_once_a_forward(
     assert len(seen) % layers == 0 and seen
     calls = [seen[i : i + layers] for i in range(0, len(seen), layers)]
     assert all(len(set(c)) == 1 for c in calls)  # one mask a model call
+
+
+def _amx_here() -> bool:
+    lib = kernels._load()
+    return lib is not None and bool(lib.amx_linear_ready()) and kernels._onednn_allows_amx()
+
+
+@pytest.mark.skipif(not _amx_here(), reason="no AMX here (or oneDNN capped below it)")
+@pytest.mark.parametrize("D", [32, 64])
+@pytest.mark.parametrize("shared_mask", [False, True])
+def test_amx_attention_kernels_equal_the_fma_ones(D, shared_mask, monkeypatch):
+    """The AMX forward and backward scores against the FMA kernels on the same inputs: the
+    same products summed in another order, so equal but for a last bf16 bit here and there;
+    partial 16-row blocks (M = 37), key counts off the 16/32 tiles (N = 29, 70), a row that
+    sees no key, left padding, one mask for all rows or one a row."""
+    g = torch.Generator().manual_seed(D)
+    for B, G, M, N in ((3, 2, 37, 29), (2, 3, 21, 70)):
+        q, k, v, o, go = (torch.randn(B, G, n, D, generator=g).bfloat16() for n in (M, N, N, M, M))
+        mask = A.causal_mask(M, N, "cpu").expand(1 if shared_mask else B, 1, M, N).clone()
+        if not shared_mask:
+            mask[1, :, :, :5] = False  # left padding of one row
+            mask[0, :, 3, :] = False  # a query that sees nothing
+        res = {}
+        for amx in (False, True):
+            monkeypatch.setattr(kernels, "USE_AMX_ATTENTION", amx)
+            res[amx] = (
+                kernels.attention_forward(q, k, v, mask, 0.125),
+                *kernels.attention_grad_scores(q, k, v, o, go, mask, 0.125),
+            )
+        for fma, amx in zip(res[False], res[True]):
+            torch.testing.assert_close(amx, fma, rtol=1.6e-2, atol=2e-3)
+            assert (amx == fma).float().mean() > 0.99
+        if not shared_mask:
+            assert not res[True][0][0, :, 3].any()  # no key: 0, as the FMA forward
