@@ -112,3 +112,35 @@ DEFINE_ROPE_TRAIN(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
 DEFINE_SILU_TRAIN(bf16, uint16_t, from_bf16, to_bf16, round_bf16)
 DEFINE_SILU_TRAIN(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
 
+
+/* Dropout's keep mask and the kept input, for grpokit/speed/layers.py's DropoutLinear:
+ * entry i is kept when its 32-bit uniform r_i >= k (k = ceil(p 2^32): probability 1 - p to
+ * within 2^-32), r_{2j} and r_{2j+1} the high and low halves of SplitMix64's output for the
+ * counter seed + (j + 1) * 0x9E3779B97F4A7C15 (a hash of (seed, index): the same mask
+ * whatever the thread count; layers.keep_mask's numpy form computes the same numbers).
+ * keep (n bytes) = 0/1; xd = x * keep (as torch's product with the uint8 mask: -0 for a
+ * dropped negative, NaN stays NaN), when not NULL. */
+static inline uint64_t splitmix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void dropout_keep(long n, uint64_t seed, uint64_t k, uint8_t* keep) {
+    long pairs = n / 2;
+    _Pragma("omp parallel for schedule(static) if (n >= 65536)")
+    for (long j = 0; j < pairs; j++) {
+        uint64_t h = splitmix64(seed + (uint64_t)(j + 1) * 0x9E3779B97F4A7C15ull);
+        keep[2 * j] = (h >> 32) >= k;
+        keep[2 * j + 1] = (h & 0xFFFFFFFFull) >= k;
+    }
+    if (n % 2) keep[n - 1] = (splitmix64(seed + (uint64_t)(pairs + 1) * 0x9E3779B97F4A7C15ull) >> 32) >= k;
+}
+
+#define DEFINE_KEEP_TIMES(SFX, T_, LOAD, STORE)                                               \
+void keep_times_##SFX(const T_* x, const uint8_t* keep, long n, T_* xd) {                    \
+    _Pragma("omp parallel for schedule(static) if (n >= 65536)")                              \
+    for (long i = 0; i < n; i++) xd[i] = STORE(LOAD(x[i]) * (float)keep[i]);                  \
+}
+DEFINE_KEEP_TIMES(bf16, uint16_t, from_bf16, to_bf16)
+DEFINE_KEEP_TIMES(f32, float, LOAD_F32, STORE_F32)

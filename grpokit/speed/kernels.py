@@ -131,6 +131,11 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.amx_linear_bf16.restype = i
     lib.attention_forward_amx_bf16.argtypes = [ptr] * 4 + [long_, i, i, i, i, i, f, ptr]
     lib.attention_forward_amx_bf16.restype = i
+    lib.dropout_keep.argtypes = [long_, ctypes.c_uint64, ctypes.c_uint64, ptr]
+    lib.dropout_keep.restype = None
+    for suffix in ("bf16", "f32"):
+        fn = getattr(lib, f"keep_times_{suffix}")
+        fn.argtypes, fn.restype = [ptr, ptr, long_, ptr], None
     lib.attention_grad_scores_amx_bf16.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f,
                                                                 ptr, ptr]  # fmt: skip
     lib.attention_grad_scores_amx_bf16.restype = i
@@ -743,3 +748,36 @@ def silu_mul_backward(dy, g, u, need_g: bool = True, need_u: bool = True):
         None if dg is None else dg.data_ptr(), None if du is None else du.data_ptr(), g.numel(),
     )  # fmt: skip
     return dg, du
+
+
+def dropout_keep(shape, seed: int, k: int) -> torch.Tensor | None:
+    """The uint8 keep mask of ``shape`` for ``seed`` and threshold ``k`` (see
+    ``elementwise_train.c``'s dropout_keep), or None without the library."""
+    lib = _load()
+    if lib is None:
+        return None
+    keep = torch.empty(shape, dtype=torch.uint8)
+    if keep.numel():
+        lib.dropout_keep(keep.numel(), seed, k, keep.data_ptr())
+    return keep
+
+
+def keep_times(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | None:
+    """``x * keep`` for the uint8 mask ``keep`` of x's shape (contiguous bf16/float32 x), one
+    pass; None where that does not apply."""
+    lib = _load()
+    if (
+        lib is None
+        or x.dtype not in _SUFFIX
+        or x.device.type != "cpu"
+        or not x.is_contiguous()
+        or keep.dtype != torch.uint8
+        or keep.shape != x.shape
+        or not keep.is_contiguous()
+    ):
+        return None
+    out = torch.empty_like(x)
+    getattr(lib, f"keep_times_{_SUFFIX[x.dtype]}")(
+        x.data_ptr(), keep.data_ptr(), x.numel(), out.data_ptr()
+    )
+    return out

@@ -16,7 +16,6 @@ from transformers import (
 
 from grpokit.speed import kernels, layers
 from grpokit.speed.layers import (
-    MASK_CHUNK,
     SharedCastLinears,
     gated_silu_mlps,
     keep_mask,
@@ -225,7 +224,7 @@ def _dropout_by_keep_mask(self, x):
     if not self.training or self.p == 0:
         return x
     keep = keep_mask(x.shape, self.p)
-    return x * torch.where(keep, x.new_ones(()).div_(1 - self.p), 0.0)
+    return x * torch.where(keep.bool(), x.new_ones(()).div_(1 - self.p), 0.0)
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
@@ -296,31 +295,39 @@ def test_a_merged_adapter_keeps_peft_s_forward():
 
 def test_keep_mask_rate_scale_and_reproducibility(monkeypatch):
     """Entries kept with probability 1 - p (the mean of 3M draws within 5 standard errors),
-    independent chunks, the same mask for the same seed whatever the threads, one draw of
-    torch's generator a mask, and the kept value torch's own dropout gives."""
-    import grpokit.speed.layers as layers
-
+    neighbours uncorrelated, the same mask for the same seed whatever the threads and from
+    the C kernel or numpy, one draw of torch's generator a mask, and the kept value torch's
+    own dropout gives."""
+    n = 1 << 20
     for p in (0.05, 0.3, 0.9):
         torch.manual_seed(0)
-        keep = keep_mask((3, MASK_CHUNK), p)
-        assert keep.dtype == torch.bool and keep.shape == (3, MASK_CHUNK)
-        rate, se = keep.double().mean().item(), ((p * (1 - p)) / keep.numel()) ** 0.5
+        keep = keep_mask((3, n), p)
+        assert keep.dtype == torch.uint8 and keep.shape == (3, n)
+        x = keep.double()
+        rate, se = x.mean().item(), ((p * (1 - p)) / keep.numel()) ** 0.5
         assert abs(rate - (1 - p)) < 5 * se, (p, rate)
-        assert not torch.equal(keep[0], keep[1])  # each chunk its own stream
+        assert not torch.equal(keep[0], keep[1])
+        # the two halves of one hash and the next entry: no correlation beyond noise
+        for lag in (1, 2, 3):
+            a, b = x.flatten()[:-lag] - rate, x.flatten()[lag:] - rate
+            corr = (a * b).mean().item() / (p * (1 - p))
+            assert abs(corr) < 5 / keep.numel() ** 0.5, (p, lag, corr)
     torch.manual_seed(3)
-    a = keep_mask((5, 7, MASK_CHUNK // 7 + 1), 0.2)
+    a = keep_mask((5, 7, 149_797), 0.2)  # an odd count: the last pair's high half alone
     after = torch.get_rng_state()
     torch.manual_seed(3)
     torch.randint(0, 2**63 - 1, (), dtype=torch.int64)
     assert torch.equal(torch.get_rng_state(), after)  # exactly one draw of torch's generator
-    monkeypatch.setattr(layers, "_POOL", [])
     torch.set_num_threads(1)
     try:
         torch.manual_seed(3)
-        assert torch.equal(keep_mask(a.shape, 0.2), a)  # one worker, the same mask
+        assert torch.equal(keep_mask(a.shape, 0.2), a)  # one thread, the same mask
     finally:
-        layers._POOL.clear()
         torch.set_num_threads(2)
+    with monkeypatch.context() as m:  # without the library: numpy's the same numbers
+        m.setattr(kernels, "dropout_keep", lambda *args: None)
+        torch.manual_seed(3)
+        assert torch.equal(keep_mask(a.shape, 0.2), a)
     assert keep_mask((4, 5), 0.0).all() and not keep_mask((4, 5), 1.0 - 2**-33).any()
     # torch's dropout value for a kept entry: 1 / (1 - p) rounded in the input's dtype
     p = 0.3
@@ -389,3 +396,31 @@ def test_lowered_reference_shares_an_exact_tied_embedding(exact):
     assert head.weight.dtype == torch.bfloat16 and acts.dtype == torch.float32
     assert (emb.weight is head.weight) == exact
     assert emb.weight.dtype == (torch.bfloat16 if exact else torch.float32)
+
+
+def test_frozen_linear_casts_once_and_again_after_a_change():
+    """A frozen float32 layer under bf16 autocast: the same output as autocast's own cast,
+    bit for bit; its cast made once for many calls, made again when the weight changes in
+    place; a trained layer and a forward without autocast are left to torch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(48, 40), torch.nn.Linear(40, 8))
+    model[0].requires_grad_(False)
+    x = torch.randn(5, 48)
+    assert layers.frozen_linears(model) == [model[0]]
+    with torch.autocast("cpu", torch.bfloat16):
+        want = model(x)
+    with lean_layers(model), torch.autocast("cpu", torch.bfloat16):
+        got = model(x)
+        kept = model[0].__dict__["_grpokit_cast"][2]
+        assert torch.equal(got, want) and got.dtype == want.dtype == torch.bfloat16
+        model(x)
+        assert model[0].__dict__["_grpokit_cast"][2] is kept  # not cast again
+        with torch.no_grad():
+            model[0].weight.mul_(2)
+        again = model(x)
+        assert model[0].__dict__["_grpokit_cast"][2] is not kept
+    with torch.autocast("cpu", torch.bfloat16):
+        assert torch.equal(again, model(x))
+    with lean_layers(model):
+        assert model(x).dtype == torch.float32  # no autocast: the float32 product
+    assert "forward" not in model[0].__dict__  # the layer is itself again after the block
