@@ -72,16 +72,18 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* Tiles, all 16 rows of 64 bytes: 0..3 sums (rows 0-15 | 16-31 of a group of 32) x (block b
- * | b + 1), 4..5 those rows of x, 6..7 the two blocks' weights. */
-static void configure(void) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
+/* Tiles, all 16 rows of 64 bytes (also attention_train.c's AMX kernels' layout). Here: 0..3
+ * sums (rows 0-15 | 16-31 of a group of 32) x (block b | b + 1), 4..5 those rows of x, 6..7
+ * the two blocks' weights. */
+void amx_tiles_16x64(void) {
+    /* a constant in memory: GCC 12 dropped the stores of a stack copy filled field by field
+     * before LDTILECFG (it does not see the instruction read them) once this function was no
+     * longer inlined, and the tile unit faulted on the half-written configuration */
+    static const tile_config cfg __attribute__((aligned(64))) = {
+        .palette = 1,
+        .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+        .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+    };
     _tile_loadconfig(&cfg);
 }
 
@@ -153,7 +155,7 @@ int amx_linear_bf16(const uint16_t* x, long M, long K, const uint16_t* packed, l
     }
     _Pragma("omp parallel")
     {
-        configure();
+        amx_tiles_16x64();
         _Pragma("omp for schedule(static)")
         for (long p = 0; p < pairs; p++) {
             long b0 = 2 * p;

@@ -352,44 +352,50 @@ DEFINE_FORWARD(attention_forward_f32, transpose_f32, float, LOAD_F32, STORE_F32)
 #include <immintrin.h>
 #include <string.h>
 int amx_linear_ready(void);
+void amx_tiles_16x64(void); /* amx_linear.c: all eight tiles 16 rows of 64 bytes */
 
-static void amx_configure16(void) {
-    struct {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
-}
-
-/* kb: for key block n (16 keys) and D chunk c (32): tile (n * (D / 32) + c), row p, column
- * j = k[16 n + j][32 c + 2 p .. + 1]; vb: for key chunk c (32 keys) and D block b (16): tile
- * (c * (D / 16) + b), row p, column j = v[32 c + 2 p][16 b + j], v[32 c + 2 p + 1][16 b + j]. */
-static void amx_pack_head(const uint16_t* kh, const uint16_t* vh, long N, int D, long N16,
-                          long N32, uint16_t* kb, uint16_t* vb) {
-    int dc = D / 32, db = D / 16;
+/* One head's x (N, D) as the B tiles of x^T (for S = q k^T, dP = dO v^T): for key block n (16
+ * keys) and D chunk c (32), tile n * (D / 32) + c, row p, column j = x[16 n + j][32 c + 2 p ..
+ * + 1]; keys past N zero. */
+static void amx_pack_keys(const uint16_t* xh, long N, int D, long N16, uint16_t* xb) {
+    int dc = D / 32;
     for (long n = 0; n < N16 / 16; n++)
         for (int c = 0; c < dc; c++) {
-            uint16_t* t = kb + (n * dc + c) * 512;
+            uint16_t* t = xb + (n * dc + c) * 512;
             for (int j = 0; j < 16; j++) {
                 long key = 16 * n + j;
                 for (int p = 0; p < 16; p++) {
-                    uint16_t a = 0, b = 0;
-                    if (key < N) {
-                        a = kh[key * D + 32 * c + 2 * p];
-                        b = kh[key * D + 32 * c + 2 * p + 1];
-                    }
-                    t[p * 32 + 2 * j] = a;
-                    t[p * 32 + 2 * j + 1] = b;
+                    t[p * 32 + 2 * j] = key < N ? xh[key * D + 32 * c + 2 * p] : 0;
+                    t[p * 32 + 2 * j + 1] = key < N ? xh[key * D + 32 * c + 2 * p + 1] : 0;
                 }
             }
         }
+}
+
+/* s (16 x N32, row stride ld floats) = rows (16 x D, as the A tiles) times the packed xb
+ * over key blocks 0 .. jend / 16 - 1. */
+static void amx_rows_times_keys(const uint16_t* rows, int D, const uint16_t* xb, long jend,
+                                float* s, long ld) {
+    int dc = D / 32;
+    _tile_loadd(5, rows, D * 2);
+    if (dc == 2) _tile_loadd(7, rows + 32, D * 2);
+    for (long n = 0; n < jend / 16; n++) {
+        _tile_zero(4);
+        _tile_loadd(6, xb + (n * dc) * 512, 64);
+        _tile_dpbf16ps(4, 5, 6);
+        if (dc == 2) {
+            _tile_loadd(6, xb + (n * dc + 1) * 512, 64);
+            _tile_dpbf16ps(4, 7, 6);
+        }
+        _tile_stored(4, s + n * 16, ld * 4);
+    }
+}
+
+/* The B tiles of v (for P v): for key chunk c (32 keys) and D block b (16), tile c * (D / 16)
+ * + b, row p, column j = the pair v[32 c + 2 p][16 b + j], v[32 c + 2 p + 1][16 b + j]; keys
+ * past N zero. */
+static void amx_pack_values(const uint16_t* vh, long N, int D, long N32, uint16_t* vb) {
+    int db = D / 16;
     for (long c = 0; c < N32 / 32; c++)
         for (int b = 0; b < db; b++) {
             uint16_t* t = vb + (c * db + b) * 512;
@@ -403,12 +409,30 @@ static void amx_pack_head(const uint16_t* kh, const uint16_t* vh, long N, int D,
         }
 }
 
+/* Rows i0 .. i0 + 15 of one head's (M, D) x as 16 full rows (a zero-padded copy in pad when
+ * fewer are left), and one past the last key any of them attends, rounded up to 16. */
+static const uint16_t* amx_block_rows(const uint16_t* x, int nr, int D, uint16_t* pad) {
+    if (nr == 16) return x;
+    memset(pad, 0, sizeof(uint16_t) * 16 * D);
+    memcpy(pad, x, sizeof(uint16_t) * nr * D);
+    return pad;
+}
+
+static long amx_block_keys(const uint8_t* mh, int i0, int nr, long N) {
+    long jend = 0;
+    for (int r = 0; r < nr; r++) {
+        long last = attended_end(mh, i0 + r, N);
+        if (last > jend) jend = last;
+    }
+    return (jend + 15) / 16 * 16;
+}
+
 int attention_forward_amx_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v,
                                const uint8_t* mask, long mask_b, int G, int BH, int M, int N,
                                int D, float scale, uint16_t* out) {
     if (!amx_linear_ready() || (D != 32 && D != 64)) return -1;
     long N16 = ((long)N + 15) / 16 * 16, N32 = ((long)N + 31) / 32 * 32;
-    int blocks = (M + 15) / 16, per_task = 4, dc = D / 32, db = D / 16;
+    int blocks = (M + 15) / 16, per_task = 4, db = D / 16;
     int tasks_bh = (blocks + per_task - 1) / per_task, failed = 0;
     _Pragma("omp parallel")
     {
@@ -428,7 +452,7 @@ int attention_forward_amx_bf16(const uint16_t* q, const uint16_t* k, const uint1
             _Pragma("omp atomic write")
             failed = 1;
         } else {
-            amx_configure16();
+            amx_tiles_16x64();
         }
         _Pragma("omp for schedule(static)")
         for (long task = 0; task < (long)BH * tasks_bh; task++) {
@@ -438,35 +462,15 @@ int attention_forward_amx_bf16(const uint16_t* q, const uint16_t* k, const uint1
             int b1 = b0 + per_task < blocks ? b0 + per_task : blocks;
             const uint8_t* mh = mask ? mask + (bh / G) * mask_b : NULL;
             if (loaded != bh) {
-                amx_pack_head(k + bh * (long)N * D, v + bh * (long)N * D, N, D, N16, N32, kb, vb);
+                amx_pack_keys(k + bh * (long)N * D, N, D, N16, kb);
+                amx_pack_values(v + bh * (long)N * D, N, D, N32, vb);
                 loaded = bh;
             }
             for (int blk = b0; blk < b1; blk++) {
                 int i0 = blk * 16, nr = M - i0 < 16 ? M - i0 : 16;
-                const uint16_t* qb = q + (bh * M + i0) * (long)D;
-                if (nr < 16) {
-                    memset(qpad, 0, sizeof(uint16_t) * 16 * D);
-                    memcpy(qpad, qb, sizeof(uint16_t) * nr * D);
-                    qb = qpad;
-                }
-                long jend = 0;
-                for (int r = 0; r < nr; r++) {
-                    long last = attended_end(mh, i0 + r, N);
-                    if (last > jend) jend = last;
-                }
-                jend = (jend + 15) / 16 * 16;
-                _tile_loadd(5, qb, D * 2);
-                if (dc == 2) _tile_loadd(7, qb + 32, D * 2);
-                for (long n = 0; n < jend / 16; n++) {
-                    _tile_zero(4);
-                    _tile_loadd(6, kb + (n * dc) * 512, 64);
-                    _tile_dpbf16ps(4, 5, 6);
-                    if (dc == 2) {
-                        _tile_loadd(6, kb + (n * dc + 1) * 512, 64);
-                        _tile_dpbf16ps(4, 7, 6);
-                    }
-                    _tile_stored(4, s + n * 16, N32 * 4);
-                }
+                const uint16_t* qb = amx_block_rows(q + (bh * M + i0) * (long)D, nr, D, qpad);
+                long jend = amx_block_keys(mh, i0, nr, N);
+                amx_rows_times_keys(qb, D, kb, jend, s, N32);
                 long lim = jend < N ? jend : N, lim32 = (lim + 31) / 32 * 32;
                 float rz[16];
                 for (int r = 0; r < 16; r++) {
@@ -518,42 +522,6 @@ int attention_forward_amx_bf16(const uint16_t* q, const uint16_t* k, const uint1
     return failed;
 }
 
-/* k^T-style tiles (as kb in amx_pack_head) of one head's x (N, D): for S = q k^T and for
- * dP = dO v^T. */
-static void amx_pack_keys(const uint16_t* xh, long N, int D, long N16, uint16_t* xb) {
-    int dc = D / 32;
-    for (long n = 0; n < N16 / 16; n++)
-        for (int c = 0; c < dc; c++) {
-            uint16_t* t = xb + (n * dc + c) * 512;
-            for (int j = 0; j < 16; j++) {
-                long key = 16 * n + j;
-                for (int p = 0; p < 16; p++) {
-                    t[p * 32 + 2 * j] = key < N ? xh[key * D + 32 * c + 2 * p] : 0;
-                    t[p * 32 + 2 * j + 1] = key < N ? xh[key * D + 32 * c + 2 * p + 1] : 0;
-                }
-            }
-        }
-}
-
-/* s (16 x N32, row stride ld floats) = rows (16 x D, as the A tiles) times the packed xb
- * over key blocks 0 .. jend / 16 - 1. */
-static void amx_rows_times_keys(const uint16_t* rows, int D, const uint16_t* xb, long jend,
-                                float* s, long ld) {
-    int dc = D / 32;
-    _tile_loadd(5, rows, D * 2);
-    if (dc == 2) _tile_loadd(7, rows + 32, D * 2);
-    for (long n = 0; n < jend / 16; n++) {
-        _tile_zero(4);
-        _tile_loadd(6, xb + (n * dc) * 512, 64);
-        _tile_dpbf16ps(4, 5, 6);
-        if (dc == 2) {
-            _tile_loadd(6, xb + (n * dc + 1) * 512, 64);
-            _tile_dpbf16ps(4, 7, 6);
-        }
-        _tile_stored(4, s + n * 16, ld * 4);
-    }
-}
-
 /* attention_grad_scores_bf16's P and dS with the two products (q k^T, dO v^T) on AMX tiles,
  * 16 query rows at a time; the rest as there. -1 where the build or process has no AMX or
  * D is not 32 or 64 (nothing written), 1 when out of memory, else 0. */
@@ -581,7 +549,7 @@ int attention_grad_scores_amx_bf16(const uint16_t* q, const uint16_t* k, const u
             _Pragma("omp atomic write")
             failed = 1;
         } else {
-            amx_configure16();
+            amx_tiles_16x64();
         }
         _Pragma("omp for schedule(static)")
         for (long task = 0; task < (long)BH * tasks_bh; task++) {
@@ -597,21 +565,9 @@ int attention_grad_scores_amx_bf16(const uint16_t* q, const uint16_t* k, const u
             }
             for (int blk = b0; blk < b1; blk++) {
                 int i0 = blk * 16, nr = M - i0 < 16 ? M - i0 : 16;
-                const uint16_t* qb = q + (bh * M + i0) * (long)D;
-                const uint16_t* gb = go + (bh * M + i0) * (long)D;
-                if (nr < 16) {
-                    memset(qpad, 0, sizeof(uint16_t) * 32 * D);
-                    memcpy(qpad, qb, sizeof(uint16_t) * nr * D);
-                    memcpy(gpad, gb, sizeof(uint16_t) * nr * D);
-                    qb = qpad;
-                    gb = gpad;
-                }
-                long jend = 0;
-                for (int r = 0; r < nr; r++) {
-                    long last = attended_end(mh, i0 + r, N);
-                    if (last > jend) jend = last;
-                }
-                jend = (jend + 15) / 16 * 16;
+                const uint16_t* qb = amx_block_rows(q + (bh * M + i0) * (long)D, nr, D, qpad);
+                const uint16_t* gb = amx_block_rows(go + (bh * M + i0) * (long)D, nr, D, gpad);
+                long jend = amx_block_keys(mh, i0, nr, N);
                 amx_rows_times_keys(qb, D, kb, jend, s, N16);
                 amx_rows_times_keys(gb, D, vtb, jend, dp, N16);
                 long lim = jend < N ? jend : N;

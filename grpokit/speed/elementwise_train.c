@@ -33,52 +33,43 @@
 
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
-#define DEFINE_ROPE_TRAIN(SFX, T_, LOAD, STORE, ROUND)                                        \
-void rope_forward_##SFX(const T_* x, long xb, long xh, long xt, int B, int H, int T, int D,  \
-                        const float* cs, const float* sn, long cb, long ct, T_* y, long yb,   \
-                        long yh, long yt) {                                                   \
-    int h = D / 2;                                                                            \
-    long n = (long)B * T;                                                                     \
-    _Pragma("omp parallel for schedule(static) if (n * H * D >= 16384)")                      \
-    for (long bt = 0; bt < n; bt++) {                                                         \
-        long b = bt / T, t = bt % T;                                                          \
-        const float* c = cs + b * cb + t * ct;                                                \
-        const float* s = sn + b * cb + t * ct;                                                \
-        for (int j = 0; j < H; j++) {                                                         \
-            const T_* xr = x + b * xb + j * xh + t * xt;                                      \
-            T_* yr = y + b * yb + j * yh + t * yt;                                            \
-            for (int i = 0; i < h; i++) {                                                     \
-                float lo = LOAD(xr[i]), hi = LOAD(xr[i + h]);                                 \
-                float p = lo * c[i], q = -hi * s[i];                                          \
-                yr[i] = STORE(p + q);                                                         \
-                float p2 = hi * c[i + h], q2 = lo * s[i + h];                                 \
-                yr[i + h] = STORE(p2 + q2);                                                   \
-            }                                                                                 \
+/* One (b, t) position's H vectors of D = 2 h: the forward's rotation, or the backward's. */
+#define DEFINE_ROPE_ROWS(SFX, T_, LOAD, STORE, ROUND)                                         \
+static inline void rope_rows_fwd_##SFX(const T_* x, long xh, T_* y, long yh, int H, int h,   \
+                                       const float* c, const float* s) {                     \
+    for (int j = 0; j < H; j++, x += xh, y += yh)                                             \
+        for (int i = 0; i < h; i++) {                                                         \
+            float lo = LOAD(x[i]), hi = LOAD(x[i + h]);                                       \
+            float p = lo * c[i], q = -hi * s[i];                                              \
+            y[i] = STORE(p + q);                                                              \
+            float p2 = hi * c[i + h], q2 = lo * s[i + h];                                     \
+            y[i + h] = STORE(p2 + q2);                                                        \
         }                                                                                     \
-    }                                                                                         \
 }                                                                                             \
                                                                                               \
-void rope_backward_##SFX(const T_* g, long gb, long gh, long gt, int B, int H, int T, int D, \
-                         const float* cs, const float* sn, long cb, long ct, T_* dx, long db, \
-                         long dh, long dt) {                                                  \
-    int h = D / 2;                                                                            \
+static inline void rope_rows_bwd_##SFX(const T_* g, long gh, T_* dx, long dh, int H, int h,  \
+                                       const float* c, const float* s) {                     \
+    for (int j = 0; j < H; j++, g += gh, dx += dh)                                            \
+        for (int i = 0; i < h; i++) {                                                         \
+            float glo = LOAD(g[i]), ghi = LOAD(g[i + h]);                                     \
+            float alo = ROUND(glo * c[i]), ahi = ROUND(ghi * c[i + h]);                       \
+            float blo = ROUND(glo * s[i]), bhi = ROUND(ghi * s[i + h]);                       \
+            dx[i] = STORE(alo + bhi);                                                         \
+            dx[i + h] = STORE(ahi - blo);                                                     \
+        }                                                                                     \
+}
+
+/* x (B, H, T, D) strided (b, h, t) -> y strided likewise, one position's heads at a time */
+#define DEFINE_ROPE_PASS(NAME, ROWS, T_)                                                      \
+void NAME(const T_* x, long xb, long xh, long xt, int B, int H, int T, int D,                \
+          const float* cs, const float* sn, long cb, long ct, T_* y, long yb, long yh,        \
+          long yt) {                                                                          \
     long n = (long)B * T;                                                                     \
     _Pragma("omp parallel for schedule(static) if (n * H * D >= 16384)")                      \
     for (long bt = 0; bt < n; bt++) {                                                         \
         long b = bt / T, t = bt % T;                                                          \
-        const float* c = cs + b * cb + t * ct;                                                \
-        const float* s = sn + b * cb + t * ct;                                                \
-        for (int j = 0; j < H; j++) {                                                         \
-            const T_* gr = g + b * gb + j * gh + t * gt;                                      \
-            T_* dr = dx + b * db + j * dh + t * dt;                                           \
-            for (int i = 0; i < h; i++) {                                                     \
-                float glo = LOAD(gr[i]), ghi = LOAD(gr[i + h]);                               \
-                float alo = ROUND(glo * c[i]), ahi = ROUND(ghi * c[i + h]);                   \
-                float blo = ROUND(glo * s[i]), bhi = ROUND(ghi * s[i + h]);                   \
-                dr[i] = STORE(alo + bhi);                                                     \
-                dr[i + h] = STORE(ahi - blo);                                                 \
-            }                                                                                 \
-        }                                                                                     \
+        ROWS(x + b * xb + t * xt, xh, y + b * yb + t * yt, yh, H, D / 2, cs + b * cb + t * ct,  \
+             sn + b * cb + t * ct);                                                           \
     }                                                                                         \
 }
 
@@ -106,8 +97,12 @@ void silu_mul_backward_##SFX(const T_* dy, const T_* g, const T_* u, T_* dg, T_*
     }                                                                                         \
 }
 
-DEFINE_ROPE_TRAIN(bf16, uint16_t, from_bf16, to_bf16, round_bf16)
-DEFINE_ROPE_TRAIN(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
+DEFINE_ROPE_ROWS(bf16, uint16_t, from_bf16, to_bf16, round_bf16)
+DEFINE_ROPE_ROWS(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
+DEFINE_ROPE_PASS(rope_forward_bf16, rope_rows_fwd_bf16, uint16_t)
+DEFINE_ROPE_PASS(rope_backward_bf16, rope_rows_bwd_bf16, uint16_t)
+DEFINE_ROPE_PASS(rope_forward_f32, rope_rows_fwd_f32, float)
+DEFINE_ROPE_PASS(rope_backward_f32, rope_rows_bwd_f32, float)
 #pragma GCC pop_options
 DEFINE_SILU_TRAIN(bf16, uint16_t, from_bf16, to_bf16, round_bf16)
 DEFINE_SILU_TRAIN(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
