@@ -7,7 +7,8 @@ float32 residual stream's dtype), so the attention casts the float32 result back
 after. Autograd then runs the chain backward again, op by op. Measured for SmolLM2-135M's
 (16, 9, 129, 64) queries and (16, 3, 129, 64) keys, bf16, 2 threads (Intel Xeon family 6 model
 167): 4.7 ms forward and 2.3 ms backward a layer, for a step of config (a) (two micro-batches,
-30 layers, a training and a reference forward) ~0.6 s.
+30 layers, a training and a reference forward) ~0.6 s. The C passes: 0.15 ms forward and 0.37
+ms backward for those queries.
 
 :func:`lean_rotary` swaps the function, inside a block, for :func:`rotary` where the module
 holding it has exactly Llama's (Mistral, Qwen2/3, SmolLM3 share it): one pass of
