@@ -112,9 +112,9 @@ DEFINE_SILU_TRAIN(f32, float, LOAD_F32, STORE_F32, ROUND_F32)
  * entry i is kept when its 32-bit uniform r_i >= k (k = ceil(p 2^32): probability 1 - p to
  * within 2^-32), r_{2j} and r_{2j+1} the high and low halves of SplitMix64's output for the
  * counter seed + (j + 1) * 0x9E3779B97F4A7C15 (a hash of (seed, index): the same mask
- * whatever the thread count; layers.keep_mask's numpy form computes the same numbers).
- * keep (n bytes) = 0/1; xd = x * keep (as torch's product with the uint8 mask: -0 for a
- * dropped negative, NaN stays NaN), when not NULL. */
+ * whatever the thread count; layers.keep_mask's numpy form computes the same numbers):
+ * keep (n bytes) = 0/1. keep_times: xd = x * keep, as torch's product with the uint8 mask
+ * (-0 for a dropped negative, NaN stays NaN). */
 static inline uint64_t splitmix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;

@@ -458,6 +458,16 @@ def step_kernels(dtype: torch.dtype, n_heads: int, n_kv: int, head_dim: int):
 USE_AMX_ATTENTION = True
 
 
+def _attention_call(lib, name: str, dtype, args) -> int:
+    """Run ``name``'s AMX kernel for bf16 where allowed (it returns -1 where this build or
+    process has no AMX, or for another head size), else the FMA kernel; 0 when done."""
+    if dtype == torch.bfloat16 and USE_AMX_ATTENTION and _onednn_allows_amx():
+        done = getattr(lib, f"{name}_amx_bf16")(*args)
+        if done >= 0:
+            return done
+    return getattr(lib, f"{name}_{_SUFFIX[dtype]}")(*args)
+
+
 def _attention_args(q, k, v, mask, extra=()):
     """Contiguous copies (where needed) of the training attention kernels' inputs, or None
     where they do not apply (another dtype or device, shapes that do not match)."""
@@ -497,12 +507,7 @@ def attention_forward(q, k, v, mask, scale: float):
     mask_b = 0 if mask is None or mask.shape[0] == 1 else M * N
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
             mask_b, G, B * G, M, N, D, scale, out.data_ptr())  # fmt: skip
-    if q.dtype == torch.bfloat16 and USE_AMX_ATTENTION and _onednn_allows_amx():
-        done = lib.attention_forward_amx_bf16(*args)  # -1: no AMX here, or another D
-        if done >= 0:
-            return None if done else out
-    failed = getattr(lib, f"attention_forward_{_SUFFIX[q.dtype]}")(*args)
-    return None if failed else out
+    return None if _attention_call(lib, "attention_forward", q.dtype, args) else out
 
 
 def attention_grad_scores(q, k, v, out, g_out, mask, scale: float):
@@ -524,12 +529,7 @@ def attention_grad_scores(q, k, v, out, g_out, mask, scale: float):
     mask_b = 0 if mask is None or mask.shape[0] == 1 else M * N
     args = (*(t.data_ptr() for t in ts), None if mask is None else mask.data_ptr(), mask_b,
             G, B * G, M, N, D, scale, P.data_ptr(), dS.data_ptr())  # fmt: skip
-    if q.dtype == torch.bfloat16 and USE_AMX_ATTENTION and _onednn_allows_amx():
-        done = lib.attention_grad_scores_amx_bf16(*args)  # -1: no AMX here, or another D
-        if done >= 0:
-            return None if done else (P, dS)
-    failed = getattr(lib, f"attention_grad_scores_{_SUFFIX[q.dtype]}")(*args)
-    return None if failed else (P, dS)
+    return None if _attention_call(lib, "attention_grad_scores", q.dtype, args) else (P, dS)
 
 
 def head_log_softmax(x, scale: float, targets, logp, lse, ent=None, probs=None) -> bool:
@@ -700,15 +700,16 @@ def rope_forward(x, cos, sin) -> torch.Tensor:
     return y
 
 
-def rope_backward(g, cos, sin, like) -> torch.Tensor:
+def rope_backward(g, cos, sin, shape, stride, dtype) -> torch.Tensor:
     """The gradient w.r.t. the input of :func:`rope_forward`, from the output's gradient
-    ``g``, as autograd computes it through transformers' operations; in ``like``'s dtype and
-    memory layout (the input's)."""
-    if g.dtype != like.dtype or g.stride(-1) != 1:
-        g = g.to(like.dtype).contiguous()
-    dx = torch.empty_like(like)
-    if dx.stride(-1) != 1:
-        dx = torch.empty(like.shape, dtype=like.dtype)
+    ``g``, as autograd computes it through transformers' operations; in the input's dtype and
+    memory layout (``shape``, ``stride``; contiguous where its last dimension was strided)."""
+    if g.dtype != dtype or g.stride(-1) != 1:
+        g = g.to(dtype).contiguous()
+    if stride[-1] == 1:
+        dx = torch.empty_strided(shape, stride, dtype=dtype)
+    else:
+        dx = torch.empty(shape, dtype=dtype)
     _rope_call("rope_backward", g, cos, sin, dx)
     return dx
 

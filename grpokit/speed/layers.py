@@ -102,7 +102,6 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 _GOLDEN = 0x9E3779B97F4A7C15  # the counter's step (SplitMix64's)
-_M64 = (1 << 64) - 1
 
 
 def _splitmix64(z: np.ndarray) -> np.ndarray:
@@ -300,11 +299,26 @@ class SharedCastLinears(torch.autograd.Function):
 
 # Inside lean_layers: the weights' casts to the autocast dtype made in this block, as
 # autocast's own cache keeps them for its region (one cast a weight a forward, however many
-# times the shared-prompt forward runs the layers); {id(weight): (weight, version, cast)}
+# times the shared-prompt forward runs the layers); {id(weight): (weight, version, cast)}.
+# A frozen weight's cast is kept on the weight itself, across blocks (see _cast).
 _CASTS: list[dict] = []
 
 
 def _cast(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``w.detach().to(dtype)``, made once: for a trained weight once a lean_layers block (it
+    changes every step), for a frozen one once until it changes in place (its version
+    counter), kept on the weight. Autocast caches the casts of weights that require grad for
+    its region only, and never those of frozen weights: LoRA's base layers (and the reference
+    forward, the same layers with the adapter off) cast every weight at every call, several
+    times a micro-batch: ~0.2 s of config (c)'s training step and as much of its reference
+    forward (SmolLM2-135M, LoRA on every linear layer); kept, 2 bytes a weight (212 MB)."""
+    if not w.requires_grad:
+        hit = w.__dict__.get("_grpokit_cast")
+        if hit is not None and hit[0] == w._version and hit[1].dtype == dtype:
+            return hit[1]
+        c = w.detach().to(dtype)
+        w.__dict__["_grpokit_cast"] = (w._version, c)
+        return c
     cache = _CASTS[-1] if _CASTS else None
     hit = None if cache is None else cache.get(id(w))
     if hit is not None and hit[0] is w and hit[1] == w._version and hit[2].dtype == dtype:
@@ -429,27 +443,15 @@ def frozen_linears(model) -> list[torch.nn.Module]:
 
 
 def _frozen_cast_forward(self, x):
-    """``nn.Linear.forward`` with, under CPU autocast, the weight's cast to the autocast dtype
-    made once and kept on the layer (made again only when the weight changes in place: its
-    version counter). Autocast caches the casts of weights that require grad for its region
-    only, and does not cache those of frozen weights at all: LoRA's base layers (and the
-    reference forward's) cast every weight at every call, several times a micro-batch.
-    Measured for config (c) (SmolLM2-135M, LoRA on every linear layer): ~0.2 s a training
-    step and as much of the reference forward were these casts; kept, they cost 2 bytes a
-    weight (212 MB for its layers). The same values: the same cast of the same weight, the
-    same product."""
+    """``nn.Linear.forward`` of a frozen layer with, under CPU autocast, its weight's kept
+    cast (:func:`_cast`): the same values, the same product."""
     dev = x.device.type
     if not torch.is_autocast_enabled(dev) or not x.is_floating_point():
         return F.linear(x, self.weight, self.bias)
     dt = torch.get_autocast_dtype(dev)
-    w = self.weight
-    kept = self.__dict__.get("_grpokit_cast")
-    if kept is None or kept[0] != w._version or kept[1] is not w or kept[2].dtype != dt:
-        kept = (w._version, w, w.detach().to(dt))
-        self.__dict__["_grpokit_cast"] = kept
     b = None if self.bias is None else self.bias.to(dt)
     with torch.autocast(dev, enabled=False):
-        return F.linear(x.to(dt), kept[2], b)
+        return F.linear(x.to(dt), _cast(self.weight, dt), b)
 
 
 def _lean_norm_forward(self, hidden_states):

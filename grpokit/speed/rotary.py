@@ -54,9 +54,7 @@ class RotaryFunction(torch.autograd.Function):
                 continue
             if g is None:
                 g = torch.zeros(shape, dtype=dtype)
-            grads.append(
-                kernels.rope_backward(g, cos, sin, torch.empty_strided(shape, stride, dtype=dtype))
-            )
+            grads.append(kernels.rope_backward(g, cos, sin, shape, stride, dtype))
         return grads[0], grads[1], None, None
 
 
