@@ -32,6 +32,7 @@
  *   cos, sin (positions, D): contiguous tables; pos (n,) int64: each row's position
  *   out  (n, KV, g, D) = (n, H D): contiguous
  */
+#pragma GCC target("prefer-vector-width=512")
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -43,12 +43,21 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from grpokit.speed.kernels import amx_linear_packer, decode_attention, row_chunks, step_kernels
+from grpokit.speed.kernels import (
+    amx_linear_packer,
+    decode_attention,
+    row_chunks,
+    step_kernels,
+    step_layers,
+)
 from grpokit.speed.weights import effective_weight, linear_parts
 
 _SUPPORTED = ("llama", "mistral", "qwen2")
 _kept: dict[int, tuple[tuple, FastDecoder]] | None = None  # inside keep_decoders()
 _ACTS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu}
+# All layers of a step in one C call where every product is on AMX (False: the per-layer
+# loop of C calls; for comparisons: the same values)
+USE_STEP_LAYERS = True
 
 
 def why_unsupported(model, total_len: int) -> str | None:
@@ -201,6 +210,11 @@ class FastDecoder:
         self.inter = linear_parts(inner.layers[0].mlp.gate_proj)[0].out_features
         self._cos = self._sin = None
         self.kernels = self._kernels(model, cfg)
+        self.all_layers = None  # every layer in one call (kernels.StepLayers), where it applies
+        if self.kernels is not None and self.kernels.dtype == torch.bfloat16:
+            self.all_layers = step_layers(
+                self.layers, self.norm_w, self.norm_eps, self.n_heads, self.n_kv, self.head_dim
+            )
 
     def _kernels(self, model, cfg):
         """The C kernels for the work between the products (speed/kernels.py), where they
@@ -318,6 +332,10 @@ class FastDecoder:
             chunks = self.row_chunks(None, ids.shape[0], 0)
         x = self.embed(ids).contiguous()  # (n, C): the residual stream, updated in place
         h = torch.empty_like(x)
+        if self.all_layers is not None and USE_STEP_LAYERS:
+            self.all_layers(x, h, self._cos, self._sin, pos, keys, values, slot, attend,
+                            self.scale, chunks)  # fmt: skip
+            return self.head(h).float()
         K.add_rms(x, None, L[0].ln1, L[0].eps1, h)
         for i, ly in enumerate(L):
             o = K.rope_attention(

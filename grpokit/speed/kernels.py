@@ -64,7 +64,7 @@ log = logging.getLogger("grpokit")
 SOURCES = tuple(
     Path(__file__).with_name(n)
     for n in ("decode_step.c", "attention_train.c", "head_softmax.c", "rms_norm.c", "amx_linear.c",
-              "elementwise_train.c")
+              "elementwise_train.c", "decode_layers.c")
 )  # fmt: skip
 HEADERS = (Path(__file__).with_name("kernel_math.h"),)  # included by the sources
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fassociative-math",
@@ -139,6 +139,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.attention_grad_scores_amx_bf16.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f,
                                                                 ptr, ptr]  # fmt: skip
     lib.attention_grad_scores_amx_bf16.restype = i
+    lib.decode_layers_bf16.argtypes = [ptr, i, ptr, f, i, i, i, i, i, i, ptr, ptr, ptr, ptr,
+                                       ptr, ptr, ptr, ptr, long_, long_, ptr, long_, f, ptr,
+                                       i, long_]  # fmt: skip
+    lib.decode_layers_bf16.restype = i
     lib.decode_sample_f32.argtypes = [ptr, long_, i, i, f, f, ptr, ptr]
     lib.decode_sample_f32.restype = long_
     for suffix in ("bf16", "f32"):
@@ -262,7 +266,8 @@ def amx_linear_packer():
                 raise RuntimeError("amx_linear_bf16 refused its arguments")
             return y
 
-        linear.keep = (packed, bias)  # alive as long as the callable
+        linear.keep = (packed, bias)  # alive as long as the callable; StepLayers reads them
+        linear.shape = (n, k)
         return linear
 
     return pack
@@ -408,6 +413,129 @@ class StepKernels:
         out = torch.empty((n, I2 // 2), dtype=self.dtype)
         self._silu_mul(gu.data_ptr(), out.data_ptr(), n, I2 // 2)
         return out
+
+
+class _DecodeLayer(ctypes.Structure):
+    """decode_layers.c's ``decode_layer_bf16``: one layer's packed products and norms."""
+
+    _fields_ = [
+        ("w", ctypes.c_void_p * 4),
+        ("b", ctypes.c_void_p * 4),
+        ("ln1", ctypes.c_void_p),
+        ("ln2", ctypes.c_void_p),
+        ("eps1", ctypes.c_float),
+        ("eps2", ctypes.c_float),
+    ]
+
+
+class StepLayers:
+    """Every decoder layer of a bf16 decode step in one C call (``decode_layers.c``): the
+    kernels :class:`StepKernels` offers and the AMX products, in the order the per-layer loop
+    calls them (so the same values), without the seven Python calls a layer between them.
+    Made by :func:`step_layers` from layers whose four products are AMX-packed
+    (:func:`amx_linear_packer`'s callables)."""
+
+    def __init__(self, lib, layers, norm_w, norm_eps: float, H: int, KV: int, D: int, inter: int):
+        self._fn = lib.decode_layers_bf16
+        self.H, self.KV, self.D, self.I = H, KV, D, inter
+        self.C = norm_w.shape[0]
+        self.L = len(layers)
+        self._keep = [norm_w]  # the tensors the structs point into
+        self._layers = (_DecodeLayer * self.L)()
+        for st, ly in zip(self._layers, layers, strict=True):
+            for j, f in enumerate((ly.qkv, ly.o, ly.gu, ly.down)):
+                packed, bias = f.keep
+                st.w[j] = packed.data_ptr()
+                st.b[j] = None if bias is None else bias.data_ptr()
+                self._keep.append(f.keep)
+            st.ln1, st.ln2 = ly.ln1.data_ptr(), ly.ln2.data_ptr()
+            st.eps1, st.eps2 = ly.eps1, ly.eps2
+            self._keep += [ly.ln1, ly.ln2]
+        self._norm = (norm_w.data_ptr(), float(norm_eps))
+        self._per_row = (H + 2 * KV) * D + H * D + self.C + 3 * inter
+
+    def __call__(self, x, h, cos, sin, pos, keys, values, slot: int, attend, scale, chunks):
+        """In place: ``x`` (n, C) the residual stream (in: the embeddings), ``h`` (n, C) the
+        final norm of the last layer's output; keys and values written at ``slot``. The other
+        arguments as :meth:`StepKernels.rope_attention` takes them, one cache tensor a layer
+        in ``keys`` and ``values``."""
+        n, C = x.shape
+        S = attend.shape[1]
+        k0 = keys[0]
+        bf = torch.bfloat16
+        ok = (
+            x.dtype == h.dtype == cos.dtype == sin.dtype == bf
+            and C == self.C
+            and h.shape == x.shape
+            and x.is_contiguous()
+            and h.is_contiguous()
+            and cos.shape == sin.shape
+            and cos.shape[1] == self.D
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+            and pos.dtype == torch.int64
+            and pos.shape == (n,)
+            and pos.is_contiguous()
+            and attend.dtype == torch.bool
+            and attend.shape[0] == n
+            and attend.is_contiguous()
+            and len(keys) == len(values) == self.L
+            and k0.shape[:2] == (n, self.KV)
+            and k0.shape[3] == self.D
+            and 0 <= slot < S <= k0.shape[2]
+            and isinstance(chunks, RowChunks)
+            and chunks.n == n
+            and chunks.prefix <= slot
+            and all(
+                t.shape == k0.shape and t.dtype == bf and t.is_contiguous()
+                for t in (*keys, *values)
+            )
+        )
+        if not ok:
+            raise ValueError(
+                f"decode layers got x {tuple(x.shape)} {x.dtype}, cache {tuple(k0.shape)}, "
+                f"slot {slot}, mask {tuple(attend.shape)}, chunks {chunks!r}"
+            )
+        kp = (ctypes.c_void_p * self.L)(*(t.data_ptr() for t in keys))
+        vp = (ctypes.c_void_p * self.L)(*(t.data_ptr() for t in values))
+        work = torch.empty(n * self._per_row, dtype=bf)
+        if self._fn(
+            self._layers, self.L, self._norm[0], self._norm[1], n, C, self.H, self.KV, self.D,
+            self.I, x.data_ptr(), h.data_ptr(), work.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            pos.data_ptr(), kp, vp, k0.shape[2], slot, attend.data_ptr(), S, scale,
+            chunks.starts.data_ptr(), chunks.count, chunks.prefix,
+        ):  # fmt: skip
+            raise RuntimeError("decode_layers_bf16: an AMX product refused its arguments")
+
+
+def step_layers(layers, norm_w, norm_eps: float, n_heads: int, n_kv: int, head_dim: int):
+    """:class:`StepLayers` for these decoder layers (fastdecode's ``_Layer``: norms and
+    packed products), or None where it does not apply: no library, or a product that is not
+    an AMX-packed bf16 one of the shape the layer's position needs."""
+    lib = _load()
+    if lib is None or not layers or norm_w.dtype != torch.bfloat16 or n_heads % n_kv:
+        return None
+    if norm_w.dim() != 1 or not norm_w.is_contiguous():
+        return None
+    if head_dim > MAX_D or n_heads // n_kv > MAX_G or head_dim % 2:
+        return None
+    C = norm_w.shape[0]
+    qkv = (n_heads + 2 * n_kv) * head_dim
+    first = getattr(layers[0].gu, "shape", None)
+    if first is None or first[0] % 2:
+        return None
+    inter = first[0] // 2
+    want = ((qkv, C), (C, n_heads * head_dim), (2 * inter, C), (C, inter))
+    for ly in layers:
+        prods = (ly.qkv, ly.o, ly.gu, ly.down)
+        if any(
+            getattr(f, "shape", None) != s or not hasattr(f, "keep") for f, s in zip(prods, want)
+        ):
+            return None
+        if any(w.dtype != torch.bfloat16 or w.shape != (C,) or not w.is_contiguous()
+               for w in (ly.ln1, ly.ln2)):  # fmt: skip
+            return None
+    return StepLayers(lib, layers, norm_w, norm_eps, n_heads, n_kv, head_dim, inter)
 
 
 def sample_tokens(

@@ -422,3 +422,50 @@ def test_step_with_tile_sized_products_equals_the_model_forward():
     amx = amx_linear_packer() is not None
     products = [f for ly in fast.layers for f in (ly.qkv, ly.o, ly.gu, ly.down)] + [fast.head]
     assert all(hasattr(f, "keep") == amx for f in products)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_all_layers_in_one_call_equal_the_per_layer_calls(kind, monkeypatch):
+    """Where every product is on AMX, a step's layers run in one C call (decode_layers.c):
+    the same kernels in the same order as the per-layer loop, so logits and the cache entries
+    written are bit-identical to it, rows sharing a prompt's slots included (Qwen2: q/k/v
+    biases). Without AMX there is no one-call path (``all_layers`` is None)."""
+    import grpokit.speed.fastdecode as fd
+    from grpokit.speed.kernels import amx_linear_packer
+
+    shape = dict(
+        SHAPE, vocab_size=112, hidden_size=64, intermediate_size=128, num_attention_heads=4
+    )
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**shape, rope_scaling=None))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=False))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model = model.to(torch.bfloat16).eval()
+    runs = []
+    for one_call in (True, False):
+        monkeypatch.setattr(fd, "USE_STEP_LAYERS", one_call)
+        _, mask, nxt_pos, cache = _prefilled(model)
+        P = mask.shape[1] - 5
+        fast = FastDecoder.build(model, P + 5)
+        fast.rotary_tables(P + 5, torch.bfloat16)
+        if amx_linear_packer() is None:
+            assert fast.all_layers is None
+            pytest.skip("no AMX here: the one-call path does not apply")
+        assert fast.all_layers is not None
+        chunks = fast.row_chunks(torch.tensor([0, 0, 1]), 3, P)
+        tok, logits = torch.tensor([5, 17, 42]), []
+        for t in range(3):
+            mask[:, P + t] = 1
+            keys, values = _layers(cache)
+            attend = mask[:, : P + t + 1].bool()
+            logits.append(fast.step(tok, nxt_pos + t, keys, values, P + t, attend, chunks))
+            tok = logits[-1].argmax(-1)
+        runs.append((torch.stack(logits), [k.clone() for k in keys], [v.clone() for v in values]))
+    (l1, k1, v1), (l2, k2, v2) = runs
+    assert torch.isfinite(l1).all() and l1.std() > 0
+    assert torch.equal(l1, l2)
+    assert all(torch.equal(a, b) for a, b in zip(k1 + v1, k2 + v2, strict=True))
