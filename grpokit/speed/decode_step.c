@@ -96,6 +96,25 @@ static void scores16(float qf[][MAX_D], int nq, int D, float kf[][MAX_D], int nk
     }
 }
 
+/* The largest of a block's BLOCK (32) scores, as two 16-lane maxima folded in four shuffles:
+ * the scalar loop it replaces ran one dependent compare a score. Lanes past the block's slots
+ * hold -inf (their scores are set so). */
+static inline float block_max(const float* s) {
+    v16f a = *(const v16f*)s, b = *(const v16f*)(s + 16);
+    v16i gt = a > b;
+    v16f m = (v16f)((gt & (v16i)a) | (~gt & (v16i)b));
+    static const v16i fold[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+                                 {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+                                 {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+                                 {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}};
+    for (int f = 0; f < 4; f++) {
+        v16f o = __builtin_shuffle(m, fold[f]);
+        gt = m > o;
+        m = (v16f)((gt & (v16i)m) | (~gt & (v16i)o));
+    }
+    return m[0];
+}
+
 /* acc += sum over the nv value rows of p[slot[r]] * vf[r] (D a multiple of 16, D <= MAX_D):
  * the query's running sum stays in registers over the block's values. */
 static void values16(float* acc, int D, float vf[][MAX_D], int nv, const float* p,
@@ -160,8 +179,8 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
         }                                                                                     \
         if (!any) continue;                                                                   \
         for (int j = 0; j < nq; j++) {                                                        \
-            float bm = -INFINITY;                                                             \
-            for (int b = 0; b < nb; b++) bm = sc[j][b] > bm ? sc[j][b] : bm;                  \
+            for (int b = nb; b < BLOCK; b++) sc[j][b] = -INFINITY;                            \
+            float bm = block_max(sc[j]);                                                      \
             if (bm > mx[j]) { /* rescale what came before (exp(-inf) = 0 at the start) */     \
                 float r = exp_poly(mx[j] - bm);                                               \
                 sum[j] *= r;                                                                  \
