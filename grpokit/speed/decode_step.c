@@ -129,12 +129,54 @@ static void values16(float* acc, int D, float vf[][MAX_D], int nv, const float* 
     for (int c = 0; c < nc; c++) *(v16f*)(acc + 16 * c) = a[c];
 }
 
+#define BLOCK 32 /* slots a block of the online softmax (DEFINE_ATTEND) */
+
+/* values16 for D = 64, four queries at a time: their 16 running sums stay in registers
+ * (values16's, indexed by a runtime count, live in memory, so each multiply-add waited on the
+ * last one's store) and each value row is read once for the four. The same sums in the same
+ * order as values16. acc[i], p[i]: query i's sums and block weights; a missing query (fewer
+ * than four left) points at scratch sums and zero weights. */
+static void values64x4(float* acc[4], const float* p[4], float vf[][MAX_D], int nv,
+                       const int* slot) {
+    v16f a[4][4];
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[i][c] = *(const v16f*)(acc[i] + 16 * c);
+    for (int r = 0; r < nv; r++) {
+        v16f v0 = *(const v16f*)vf[r], v1 = *(const v16f*)(vf[r] + 16);
+        v16f v2 = *(const v16f*)(vf[r] + 32), v3 = *(const v16f*)(vf[r] + 48);
+        int s_ = slot[r];
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+            float w = p[i][s_];
+            a[i][0] += w * v0;
+            a[i][1] += w * v1;
+            a[i][2] += w * v2;
+            a[i][3] += w * v3;
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) *(v16f*)(acc[i] + 16 * c) = a[i][c];
+}
+
+static void values64(float (*acc)[MAX_D], int nq, float vf[][MAX_D], int nv, float (*sc)[BLOCK],
+                     const int* slot) {
+    static const float zeros[BLOCK];
+    float scratch[64] __attribute__((aligned(64)));
+    for (int j = 0; j < nq; j += 4) {
+        float* a[4];
+        const float* p[4];
+        for (int i = 0; i < 4; i++) {
+            a[i] = j + i < nq ? acc[j + i] : scratch;
+            p[i] = j + i < nq ? sc[j + i] : zeros;
+        }
+        values64x4(a, p, vf, nv, slot);
+    }
+}
+
 /* nq float32 queries (already scaled; st's rows j0 .. j0 + nq - 1) over slots s_begin .. S - 1
  * of k and v, BLOCK slots at a time: the block's scores, one running-maximum update per
  * query, the block's exps in one vectorised loop (exp_poly), then the values weighted by
  * them. Called once over a row's slots, or over a shared prefix for every query of the rows
  * that share it and then over each row's own slots (the state carries across). */
-#define BLOCK 32
 #define DEFINE_ATTEND(NAME, T_, LOAD)                                                         \
 static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,               \
                  const uint8_t* m, long s_begin, long S, attn_state* st, int j0) {            \
@@ -203,7 +245,10 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
                 for (int d = 0; d < D; d++) kblk[nv][d] = LOAD(vr[d]);                        \
                 slot[nv++] = b;                                                               \
             }                                                                                 \
-            for (int j = 0; j < nq; j++) values16(acc[j], D, kblk, nv, sc[j], slot);          \
+            if (D == 64)                                                                      \
+                values64(acc, nq, kblk, nv, sc, slot);                                        \
+            else                                                                              \
+                for (int j = 0; j < nq; j++) values16(acc[j], D, kblk, nv, sc[j], slot);      \
             continue;                                                                         \
         }                                                                                     \
         for (int b = 0; b < nb; b++) {                                                        \
