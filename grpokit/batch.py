@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.rollout.base import Rollout
-from grpokit.speed.prefix import MIN_SHARED_PREFIX, shared_prefix_length
+from grpokit.speed.prefix import MIN_SHARED_PREFIX, prefix_pays, shared_prefix_length
 
 # fixed cost of one more forward pass, in token positions (measured: 64 split too finely)
 FORWARD_COST_TOKENS = 256
@@ -58,7 +58,8 @@ def split_rows(
             pk, ck = max(pk, P[j]), max(ck, C[j])
             seen.add(g[j])
             n = i - j
-            prompts = common + len(seen) * (pk - 1 - common)
+            once = common if prefix_pays(len(seen), common) else 0  # as forward.py decides
+            prompts = once + len(seen) * (pk - 1 - once)
             tokens = prompts + n * (ck + 1) if share else n * (pk + ck)
             if max_tokens and n > 1 and tokens > max_tokens:
                 break  # more rows only add positions

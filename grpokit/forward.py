@@ -28,6 +28,7 @@ from grpokit.speed.kernels import head_log_softmax
 from grpokit.speed.layers import lean_layers
 from grpokit.speed.prefix import (
     MIN_SHARED_PREFIX,
+    prefix_pays,
     shared_prefix_length,
     split_prefix,
     window_allows,
@@ -251,15 +252,18 @@ class LogProbs:
         sees the same keys at the same positions. ``more``: the positions run after these
         (a sliding window shorter than the whole rules the split out)."""
         L = shared_prefix_length(pre_ids, pre_mask) if self.min_shared_prefix else 0
-        if L < max(1, self.min_shared_prefix) or not window_allows(
-            net.config, pre_ids.shape[1] + more
+        u = pre_ids.shape[0]
+        if (
+            L < max(1, self.min_shared_prefix)
+            or not prefix_pays(u, L)
+            or not window_allows(net.config, pre_ids.shape[1] + more)
         ):
             pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
             out = net(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pos,
                       use_cache=True, **extra)  # fmt: skip
             return returned_cache(out), pre_mask
         split = split_prefix(pre_ids, pre_mask, L)
-        u, dev = pre_ids.shape[0], pre_ids.device
+        dev = pre_ids.device
         out = net(input_ids=split.prefix_ids, position_ids=torch.arange(L, device=dev)[None],
                   use_cache=True, **extra)  # fmt: skip
         cache = returned_cache(out)

@@ -31,6 +31,23 @@ import torch
 # demonstrations and tool schemas the feature is for are hundreds of tokens.
 MIN_SHARED_PREFIX = 16
 
+# The gradient forwards (the policy's and the reference's log-probs, ``forward.py``) run a
+# shared prefix once only when that saves this many token positions or more: (distinct
+# prompts - 1) x prefix length. There the prefix pass is a third segment a micro-batch
+# (prefix, suffixes, completions): each layer runs once more and each weight's gradient
+# arrives once more (a cast and an add of every weight). Measured on SmolLM2-135M, bf16, one
+# process alternating by step on one rollout (Intel Xeon family 6 model 167): saving 44
+# positions (bench/speed.py config (a)) the pass cost training 6.22 vs 5.89 s and reference
+# 1.61 vs 1.50 s; saving 105 (recipes/default.yaml, two micro-batches) training 3.26 vs
+# 2.90 s; saving 293 (recipes/mini_countdown.yaml) it paid, 3.70 vs 4.00 s.
+MIN_PREFIX_SAVING = 192
+
+
+def prefix_pays(distinct: int, length: int) -> bool:
+    """Whether the gradient forwards run a ``length``-token prefix common to ``distinct``
+    prompts once (see MIN_PREFIX_SAVING)."""
+    return (distinct - 1) * length >= MIN_PREFIX_SAVING
+
 
 def left_padded_lengths(attention_mask: torch.Tensor) -> torch.Tensor | None:
     """(B,) real-token count of each row when every row is left-padded (its ones form one

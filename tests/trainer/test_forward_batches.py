@@ -118,7 +118,9 @@ def _grouped_rollout(tr, G=4, seed=1, prefix=0):
     return Rollout(p_ids, p_mask, c_ids, c_mask, truncated, [""] * (3 * G))
 
 
-@pytest.mark.parametrize("prefix", [0, 20], ids=["distinct", "common-prefix"])
+@pytest.mark.parametrize(
+    "prefix", [0, 20, 100], ids=["distinct", "short-common-prefix", "common-prefix"]
+)
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize(
     "overrides,atol,grad_rtol",
@@ -134,7 +136,10 @@ def test_shared_prompt_forward_matches_one_forward_per_row(
 ):
     """Each distinct prompt computed once, its KV cache indexed out to the G rows, gives the
     log-probs, entropies and gradients of one full forward per row; so does a prefix common
-    to all prompts computed once for all of them (``common-prefix``)."""
+    to all prompts computed once for all of them where that saves enough positions
+    (``common-prefix``: 2 x 100 = 200 positions; 2 x 20 does not, and the prompts run whole)."""
+    from grpokit.speed.prefix import prefix_pays
+
     tr = GRPOTrainer(
         tiny_run_config(
             tiny_model_dir, tmp_path / "run", temperature=0.7, fused_logprobs=fused, **overrides
@@ -153,7 +158,9 @@ def test_shared_prompt_forward_matches_one_forward_per_row(
         # positions computed: each distinct prompt but its last token once (the common
         # prefix once for all three), then [last prompt token | completion] per row
         ck = int(ro.completion_mask[rows].sum(-1).max())
-        want = 3 * (prefix + 8) - 2 * prefix + 7 * (ck + 1) if share else 7 * (prefix + 9 + ck)
+        once = prefix if prefix_pays(3, prefix) else 0
+        assert bool(once) == (prefix == 100)
+        want = 3 * (prefix + 8) - 2 * once + 7 * (ck + 1) if share else 7 * (prefix + 9 + ck)
         assert tr.logprobs.train_positions - before == want
         mask = ro.completion_mask[rows].float()
         (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
