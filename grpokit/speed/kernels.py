@@ -316,6 +316,29 @@ def decode_attention(
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
+def _step_args_ok(cos, sin, pos, attend, chunks, n: int, D: int, slot: int, slots: int) -> bool:
+    """What a decode step's attention reads besides q/k/v and the cache, as the kernels read
+    it: rotary tables (P, D), positions (n,) int64, the mask (n, S) bool with slot < S <=
+    ``slots`` (the cache's), and :func:`row_chunks` of the n rows sharing at most ``slot``."""
+    S = attend.shape[1]
+    return (
+        cos.shape == sin.shape
+        and cos.shape[1] == D
+        and cos.is_contiguous()
+        and sin.is_contiguous()
+        and pos.dtype == torch.int64
+        and pos.shape == (n,)
+        and pos.is_contiguous()
+        and attend.dtype == torch.bool
+        and attend.shape[0] == n
+        and attend.is_contiguous()
+        and 0 <= slot < S <= slots
+        and isinstance(chunks, RowChunks)
+        and chunks.n == n
+        and chunks.prefix <= slot
+    )
+
+
 class StepKernels:
     """A decode layer's work between its products, for one dtype (bf16 or float32) and one
     model's head layout: :meth:`rope_attention`, :meth:`add_rms`, :meth:`silu_mul`. Each
@@ -358,20 +381,7 @@ class StepKernels:
             and kc.shape[3] == D
             and kc.is_contiguous()
             and vc.is_contiguous()
-            and cos.shape == sin.shape
-            and cos.shape[1] == D
-            and cos.is_contiguous()
-            and sin.is_contiguous()
-            and pos.dtype == torch.int64
-            and pos.shape == (n,)
-            and pos.is_contiguous()
-            and attend.dtype == torch.bool
-            and attend.shape[0] == n
-            and attend.is_contiguous()
-            and 0 <= slot < S <= kc.shape[2]
-            and isinstance(chunks, RowChunks)
-            and chunks.n == n
-            and chunks.prefix <= slot,
+            and _step_args_ok(cos, sin, pos, attend, chunks, n, D, slot, kc.shape[2]),
             lambda: (
                 f"rope_attention got qkv {tuple(qkv.shape)} {qkv.dtype}, cache "
                 f"{tuple(kc.shape)}, slot {slot}, mask {tuple(attend.shape)}, chunks {chunks!r}"
@@ -469,23 +479,10 @@ class StepLayers:
             and h.shape == x.shape
             and x.is_contiguous()
             and h.is_contiguous()
-            and cos.shape == sin.shape
-            and cos.shape[1] == self.D
-            and cos.is_contiguous()
-            and sin.is_contiguous()
-            and pos.dtype == torch.int64
-            and pos.shape == (n,)
-            and pos.is_contiguous()
-            and attend.dtype == torch.bool
-            and attend.shape[0] == n
-            and attend.is_contiguous()
             and len(keys) == len(values) == self.L
             and k0.shape[:2] == (n, self.KV)
             and k0.shape[3] == self.D
-            and 0 <= slot < S <= k0.shape[2]
-            and isinstance(chunks, RowChunks)
-            and chunks.n == n
-            and chunks.prefix <= slot
+            and _step_args_ok(cos, sin, pos, attend, chunks, n, self.D, slot, k0.shape[2])
             and all(
                 t.shape == k0.shape and t.dtype == bf and t.is_contiguous()
                 for t in (*keys, *values)
