@@ -246,8 +246,10 @@ class LogProbs:
     def _prompt_cache(self, net, pre_ids, pre_mask, more: int, extra: dict):
         """(KV cache, (u, W) mask of its columns) of the distinct prompts' tokens ``pre_ids``
         (u, W), left-padded. When they start with a common prefix of at least
-        ``min_shared_prefix`` tokens (a system prompt, worked problems), the prefix runs once
-        and only each prompt's suffix after it (``speed/prefix.py``): the cache then holds
+        ``min_shared_prefix`` tokens (a system prompt, worked problems) and running it once
+        saves enough positions (``speed/prefix.py``'s ``prefix_pays``: a short one costs more as
+        a pass of its own than it saves), the prefix runs once and only each prompt's suffix
+        after it: the cache then holds
         [prefix | masked slots, suffix] per row, positions as before, so every later query
         sees the same keys at the same positions. ``more``: the positions run after these
         (a sliding window shorter than the whole rules the split out)."""
