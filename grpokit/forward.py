@@ -25,7 +25,7 @@ from grpokit.rollout.hf import autocast
 from grpokit.rollout.kvcache import cache_kwarg, returned_cache, select_cache_rows
 from grpokit.speed.attention import shared_mask_attention
 from grpokit.speed.kernels import head_log_softmax
-from grpokit.speed.layers import lean_layers
+from grpokit.speed.layers import lean_layers, transposer
 from grpokit.speed.prefix import (
     MIN_SHARED_PREFIX,
     prefix_pays,
@@ -302,6 +302,7 @@ class LogProbs:
             with_entropy=with_entropy,
             entropy_grad=self.entropy_grad and torch.is_grad_enabled(),
             softmax_rows=head_log_softmax,
+            transpose=transposer(),
         )
         flat = torch.nonzero(torch.nn.functional.pad(sel, (0, C - ck)).reshape(-1)).squeeze(1)
         logp = lp.new_zeros(n * C).index_put((flat,), lp).view(n, C)

@@ -28,6 +28,9 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #include "kernel_math.h"
 
@@ -139,3 +142,52 @@ void keep_times_##SFX(const T_* x, const uint8_t* keep, long n, T_* xd) {       
 }
 DEFINE_KEEP_TIMES(bf16, uint16_t, from_bf16, to_bf16)
 DEFINE_KEEP_TIMES(f32, float, LOAD_F32, STORE_F32)
+
+/* transpose_u16: dst (C, R), contiguous = the transpose of src (R, C) of 16-bit values (bf16,
+ * fp16) whose rows lie ld elements apart, in 16 x 16 blocks (8 shuffle rounds of 256-bit
+ * registers a block; rows and columns past the last whole block one by one). Why: a weight's
+ * gradient g^T x (g: the (tokens, out) output gradient) is a product whose first operand is
+ * transposed, and oneDNN on AMX runs some of those shapes at half its rate; torch's own copy
+ * of a transposed bf16 tensor moves 1-2.5 GB/s here, this 15-37 (Intel Xeon, family 6 model
+ * 167, 2 threads; grpokit/speed/layers.py's weight_grad). Values are only moved. */
+#ifdef __AVX2__
+static inline void transpose_block16(const uint16_t* s, long ls, uint16_t* d, long ld) {
+    __m256i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm256_loadu_si256((const __m256i*)(s + i * ls));
+    for (int i = 0; i < 16; i += 2) {  /* pairs of rows: 16-bit interleaves */
+        t[i] = _mm256_unpacklo_epi16(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi16(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  /* 32-bit interleaves */
+        r[i] = _mm256_unpacklo_epi32(t[i], t[i + 2]);
+        r[i + 1] = _mm256_unpackhi_epi32(t[i], t[i + 2]);
+        r[i + 2] = _mm256_unpacklo_epi32(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm256_unpackhi_epi32(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)  /* 64-bit interleaves */
+        for (int j = 0; j < 4; j++) {
+            t[i + 2 * j] = _mm256_unpacklo_epi64(r[i + j], r[i + j + 4]);
+            t[i + 2 * j + 1] = _mm256_unpackhi_epi64(r[i + j], r[i + j + 4]);
+        }
+    for (int j = 0; j < 8; j++) {  /* 128-bit halves: rows 0-7 with rows 8-15 */
+        _mm256_storeu_si256((__m256i*)(d + j * ld), _mm256_permute2x128_si256(t[j], t[j + 8], 0x20));
+        _mm256_storeu_si256((__m256i*)(d + (j + 8) * ld),
+                            _mm256_permute2x128_si256(t[j], t[j + 8], 0x31));
+    }
+}
+#endif
+
+void transpose_u16(const uint16_t* src, long R, long C, long ld, uint16_t* dst) {
+    long RB = 0, CB = 0;
+#ifdef __AVX2__
+    RB = R / 16, CB = C / 16;
+    _Pragma("omp parallel for schedule(static) if (R * C >= 65536)")
+    for (long cb = 0; cb < CB; cb++)
+        for (long rb = 0; rb < RB; rb++)
+            transpose_block16(src + rb * 16 * ld + cb * 16, ld, dst + cb * 16 * R + rb * 16, R);
+#endif
+    for (long j = 0; j < C; j++) {  /* what the blocks left: the last rows, the last columns */
+        long i0 = j < CB * 16 ? RB * 16 : 0;
+        for (long i = i0; i < R; i++) dst[j * R + i] = src[i * ld + j];
+    }
+}

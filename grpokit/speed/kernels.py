@@ -133,6 +133,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.attention_forward_amx_bf16.restype = i
     lib.dropout_keep.argtypes = [long_, ctypes.c_uint64, ctypes.c_uint64, ptr]
     lib.dropout_keep.restype = None
+    lib.transpose_u16.argtypes, lib.transpose_u16.restype = [ptr, long_, long_, long_, ptr], None
     for suffix in ("bf16", "f32"):
         fn = getattr(lib, f"keep_times_{suffix}")
         fn.argtypes, fn.restype = [ptr, ptr, long_, ptr], None
@@ -231,6 +232,13 @@ def _onednn_allows_amx() -> bool:
     tests/trainer/golden_runs.py): the decode products then stay on oneDNN too."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     return cap in ("", "ALL", "DEFAULT") or "AMX" in cap
+
+
+def amx_products() -> bool:
+    """Whether bf16 products run on AMX in this process: the library built with AMX, the
+    kernel granted the tile data, and oneDNN not capped below it."""
+    lib = _load()
+    return lib is not None and _onednn_allows_amx() and bool(lib.amx_linear_ready())
 
 
 def amx_linear_packer():
@@ -906,4 +914,26 @@ def keep_times(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor | None:
     getattr(lib, f"keep_times_{_SUFFIX[x.dtype]}")(
         x.data_ptr(), keep.data_ptr(), x.numel(), out.data_ptr()
     )
+    return out
+
+
+def transposed(x: torch.Tensor) -> torch.Tensor | None:
+    """``x.t().contiguous()`` for a 2-D bf16 or float16 CPU tensor whose rows are contiguous
+    (any row stride: a column slice too), in one C pass (``elementwise_train.c``'s
+    transpose_u16: 15-37 GB/s where torch's copy moves 1-2.5); None where that does not apply."""
+    if (
+        x.dim() != 2
+        or x.dtype not in (torch.bfloat16, torch.float16)
+        or x.device.type != "cpu"
+        or (x.stride(1) != 1 and x.shape[1] > 1)
+        or x.stride(0) < x.shape[1]
+    ):
+        return None
+    lib = _load()
+    if lib is None:
+        return None
+    R, C = x.shape
+    out = torch.empty(C, R, dtype=x.dtype)
+    if out.numel():
+        lib.transpose_u16(x.data_ptr(), R, C, x.stride(0), out.data_ptr())
     return out

@@ -293,8 +293,34 @@ class SharedCastLinears(torch.autograd.Function):
                     part = g.matmul(ws[i]).to(ctx.x_dtype)
                     gx = part if gx is None else gx.add_(part)
                 if ctx.needs_input_grad[2 + i]:
-                    gws[i] = g.reshape(-1, g.shape[-1]).t().mm(x2).to(ctx.w_dtypes[i])
+                    gws[i] = weight_grad(g.reshape(-1, g.shape[-1]), x2).to(ctx.w_dtypes[i])
         return (gx, None, *gws, *[None] * len(ws))
+
+
+# weight gradients g^T x with the narrower g transposed by a C pass first, on AMX (False:
+# oneDNN's product of the transposed view everywhere; for comparisons)
+TRANSPOSED_WEIGHT_GRAD = True
+
+
+def weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``g.t() @ x`` for a linear layer's (tokens, out) output gradient ``g`` and (tokens,
+    in) input ``x``: the gradient of its (out, in) weight. oneDNN on AMX multiplies a
+    transposed first operand at half its rate or less for some shapes: where ``g`` has fewer
+    columns than ``x`` (a down projection's 576 x 1536, k/v's 192 x 576: 5.0 -> 2.2 and 0.80
+    -> 0.52 ms for 2,064 tokens, Intel Xeon family 6 model 167, 2 threads; q/o's square
+    576 x 576 and gate/up's 1536 x 576 gain nothing or lose), ``g`` is transposed first by one C
+    pass (``kernels.transposed``) and the product reads two plain operands. The same
+    products, summed by oneDNN in another order: the result can differ in its last bit."""
+    transpose = transposer() if g.shape[1] < x.shape[1] else None
+    gt = None if transpose is None else transpose(g)
+    return g.t().mm(x) if gt is None else gt.mm(x)
+
+
+def transposer():
+    """``kernels.transposed`` where weight gradients take their first operand transposed by
+    it (:func:`weight_grad`; the output layer's blocks, ``grpokit.algo.linear_logprobs``'s
+    ``transpose``): on AMX, unless :data:`TRANSPOSED_WEIGHT_GRAD` is off. Else None."""
+    return kernels.transposed if TRANSPOSED_WEIGHT_GRAD and kernels.amx_products() else None
 
 
 # Inside lean_layers: the weights' casts to the autocast dtype made in this block, as
@@ -329,16 +355,18 @@ def _cast(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return c
 
 
-def shared_cast(x: torch.Tensor, layers) -> tuple[torch.Tensor, ...] | None:
+def shared_cast(x: torch.Tensor, layers, cast: bool = True) -> tuple[torch.Tensor, ...] | None:
     """``tuple(layer(x) for layer in layers)`` through :class:`SharedCastLinears` where that
     changes what is kept: a gradient recorded, under CPU autocast to a dtype ``x`` is not in
     (so each layer would cast and keep its own copy), every layer a plain bias-free
-    ``nn.Linear`` over ``x``'s features with float weights of one dtype. None elsewhere."""
+    ``nn.Linear`` over ``x``'s features with float weights of one dtype. None elsewhere.
+    ``cast=False``: also for an ``x`` already in the autocast dtype (nothing is shared then;
+    the weights' gradients come from :func:`weight_grad`)."""
     dev = x.device.type
     if not (torch.is_grad_enabled() and dev == "cpu" and torch.is_autocast_enabled(dev)):
         return None
     cdtype = torch.get_autocast_dtype(dev)
-    if x.dtype == cdtype or not x.is_floating_point():
+    if (cast and x.dtype == cdtype) or not x.is_floating_point():
         return None
     ws = []
     for m in layers:
@@ -357,7 +385,8 @@ def _lean_forward(self, x):
     g, u = shared_cast(x, (self.gate_proj, self.up_proj)) or (self.gate_proj(x), self.up_proj(x))
     m = silu_mul(g, u)
     with recomputed_when_saved(m, lambda: silu_times(g.detach(), u.detach())):  # the same pass
-        return self.down_proj(m)
+        out = shared_cast(m, (self.down_proj,), cast=False)  # (its weight's gradient, faster)
+        return self.down_proj(m) if out is None else out[0]
 
 
 def _shared_qkv(attn) -> list:

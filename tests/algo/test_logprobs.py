@@ -223,3 +223,30 @@ def test_weight_grad_in_vocabulary_blocks_equals_the_whole_product(rows, monkeyp
     got = LP._weight_grad(q, hg, torch.float32)
     assert got.dtype == torch.float32 and torch.equal(got, want)
     assert torch.equal(LP._weight_grad(q, hg, torch.bfloat16), q.t() @ hg)
+
+
+def test_weight_grad_blocks_through_a_transpose_give_the_same_gradient(monkeypatch):
+    """With ``transpose`` each vocabulary block of the kept softmax is copied transposed
+    before its product: every block goes through it once (the short last one too), and the
+    gradient is the same dot products (float32 sums in the product's own order: close to
+    the float64 value as the plain product is). A transpose that declines (None) leaves the
+    plain product."""
+    from grpokit.algo import logprobs as LP
+
+    monkeypatch.setattr(LP, "WEIGHT_GRAD_ROWS", 40)
+    g = torch.Generator().manual_seed(3)
+    q = torch.rand(150, 101, generator=g).bfloat16()
+    hg = torch.randn(150, 24, generator=g).bfloat16()
+    seen = []
+
+    def transpose(a):
+        seen.append((tuple(a.shape), a.stride()))
+        return a.t().contiguous()
+
+    got = LP._weight_grad(q, hg, torch.float32, transpose)
+    assert seen == [((150, 40), (101, 1)), ((150, 40), (101, 1)), ((150, 21), (101, 1))]
+    exact = q.double().t() @ hg.double()
+    plain = LP._weight_grad(q, hg, torch.float32)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got, plain, rtol=1e-2, atol=1e-2)
+    assert torch.equal(LP._weight_grad(q, hg, torch.float32, lambda a: None), plain)

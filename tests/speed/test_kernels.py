@@ -360,3 +360,25 @@ def test_amx_products_decline_what_they_do_not_take(monkeypatch):
     assert kernels.amx_linear_packer() is None
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
     assert kernels.amx_linear_packer() is not None
+
+
+@needs_cc
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transposed_copies_whole_blocks_tails_and_column_slices(dtype):
+    """kernels.transposed moves every value: whole 16 x 16 blocks, the rows and columns past
+    them, one-row and one-column tensors, a column slice of a wider tensor (its row stride)."""
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(100, 300, generator=g).to(dtype)
+    cases = [
+        torch.randn(r, c, generator=g).to(dtype)
+        for r, c in ((64, 48), (2064, 576), (17, 33), (15, 16), (16, 15), (1, 7), (7, 1), (0, 5))
+    ]
+    cases += [wide[:, 17:250], wide[3:90, 32:64]]  # fmt: skip
+    for x in cases:
+        got = kernels.transposed(x)
+        assert got is not None and got.is_contiguous(), tuple(x.shape)
+        assert torch.equal(got, x.t()), tuple(x.shape)
+    # what it does not take: float32, a column stride, three dimensions
+    assert kernels.transposed(torch.zeros(4, 4)) is None
+    assert kernels.transposed(wide.t()) is None
+    assert kernels.transposed(torch.zeros(2, 4, 4, dtype=dtype)) is None

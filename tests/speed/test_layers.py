@@ -424,3 +424,32 @@ def test_frozen_linear_casts_once_and_again_after_a_change():
     with lean_layers(model):
         assert model(x).dtype == torch.float32  # no autocast: the float32 product
     assert "forward" not in model[0].__dict__  # the layer is itself again after the block
+
+
+def test_weight_grad_transposes_the_narrower_gradient_first(monkeypatch):
+    """weight_grad gives g^T x; where the transposer applies (on AMX; forced here) a gradient
+    with fewer columns than the input (a down projection, k/v) is copied transposed first and
+    the product reads plain operands: the same dot products, close to float64 as the plain
+    product is; a wider or square one keeps the transposed view (oneDNN's rate there is not
+    lower). Off (TRANSPOSED_WEIGHT_GRAD False) nothing is copied."""
+    calls = []
+
+    def transposed(a):
+        calls.append(tuple(a.shape))
+        return kernels.transposed(a) if kernels.available() else a.t().contiguous()
+
+    monkeypatch.setattr(layers, "transposer", lambda: transposed)
+    g = torch.Generator().manual_seed(0)
+    gy = torch.randn(300, 24, generator=g).bfloat16()
+    x = torch.randn(300, 80, generator=g).bfloat16()
+    got = layers.weight_grad(gy, x)
+    assert calls == [(300, 24)] and got.shape == (24, 80) and got.dtype == torch.bfloat16
+    exact = gy.double().t() @ x.double()
+    torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(got, gy.t() @ x, rtol=2e-2, atol=5e-2)
+    assert torch.equal(layers.weight_grad(x, gy), x.t() @ gy) and calls == [(300, 24)]
+    assert torch.equal(layers.weight_grad(gy, gy), gy.t() @ gy) and calls == [(300, 24)]
+    monkeypatch.undo()
+    monkeypatch.setattr(layers, "TRANSPOSED_WEIGHT_GRAD", False)
+    assert layers.transposer() is None
+    assert torch.equal(layers.weight_grad(gy, x), gy.t() @ x)
