@@ -191,3 +191,23 @@ void transpose_u16(const uint16_t* src, long R, long C, long ld, uint16_t* dst) 
         for (long i = i0; i < R; i++) dst[j * R + i] = src[i * ld + j];
     }
 }
+
+/* sum_bf16_as_f32: out (n floats) = ((p[0] + p[1]) + p[2]) + ... of k bf16 tensors of n, each
+ * widened to float32 and added in that order, every sum rounded to float32: what
+ * ``p[0].float()``, then ``.add_(p[i].float())`` for i = 1.. computes (bit for bit; no
+ * reassociation here), in one pass where those are 2k - 1 (the input gradient of layers
+ * sharing one input: grpokit/speed/layers.py's SharedCastLinears). */
+#pragma GCC push_options
+#pragma GCC optimize("no-associative-math")
+void sum_bf16_as_f32(const uint16_t* const* p, int k, long n, float* out) {
+    _Pragma("omp parallel for schedule(static) if (n >= 65536)")
+    for (long b = 0; b < n; b += 1024) {
+        long e = b + 1024 < n ? b + 1024 : n;
+        for (long i = b; i < e; i++) out[i] = from_bf16(p[0][i]);
+        for (int j = 1; j < k; j++) {
+            const uint16_t* q = p[j];
+            for (long i = b; i < e; i++) out[i] += from_bf16(q[i]);
+        }
+    }
+}
+#pragma GCC pop_options

@@ -134,6 +134,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dropout_keep.argtypes = [long_, ctypes.c_uint64, ctypes.c_uint64, ptr]
     lib.dropout_keep.restype = None
     lib.transpose_u16.argtypes, lib.transpose_u16.restype = [ptr, long_, long_, long_, ptr], None
+    lib.sum_bf16_as_f32.argtypes, lib.sum_bf16_as_f32.restype = [ptr, i, long_, ptr], None
     for suffix in ("bf16", "f32"):
         fn = getattr(lib, f"keep_times_{suffix}")
         fn.argtypes, fn.restype = [ptr, ptr, long_, ptr], None
@@ -936,4 +937,25 @@ def transposed(x: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(C, R, dtype=x.dtype)
     if out.numel():
         lib.transpose_u16(x.data_ptr(), R, C, x.stride(0), out.data_ptr())
+    return out
+
+
+def summed_as_float(parts) -> torch.Tensor | None:
+    """``parts[0].float()`` then ``.add_(p.float())`` for each later part, for bf16 CPU tensors
+    of one shape, contiguous, in one C pass (the same float32 sums in the same order, bit for
+    bit); None where that does not apply."""
+    first = parts[0]
+    if not (
+        first.dtype == torch.bfloat16
+        and first.device.type == "cpu"
+        and all(p.dtype == first.dtype and p.shape == first.shape for p in parts)
+        and all(p.device.type == "cpu" and p.is_contiguous() for p in parts)
+    ):
+        return None
+    lib = _load()
+    if lib is None:
+        return None
+    out = torch.empty(first.shape, dtype=torch.float32)
+    ptrs = (ctypes.c_void_p * len(parts))(*(p.data_ptr() for p in parts))
+    lib.sum_bf16_as_f32(ptrs, len(parts), out.numel(), out.data_ptr())
     return out

@@ -281,7 +281,7 @@ class SharedCastLinears(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         xc, *ws = ctx.saved_tensors
-        gx, gws = None, [None] * len(ws)
+        parts, gws = [], [None] * len(ws)
         with torch.autocast(xc.device.type, enabled=False):
             x2 = xc.reshape(-1, xc.shape[-1])
             for i in reversed(range(len(ws))):  # autograd's order: the last layer's first
@@ -290,11 +290,32 @@ class SharedCastLinears(torch.autograd.Function):
                     continue
                 g = g.to(xc.dtype)
                 if ctx.needs_input_grad[0]:
-                    part = g.matmul(ws[i]).to(ctx.x_dtype)
-                    gx = part if gx is None else gx.add_(part)
+                    parts.append(g.matmul(ws[i]))
                 if ctx.needs_input_grad[2 + i]:
                     gws[i] = weight_grad(g.reshape(-1, g.shape[-1]), x2).to(ctx.w_dtypes[i])
-        return (gx, None, *gws, *[None] * len(ws))
+        return (_input_grad(parts, ctx.x_dtype), None, *gws, *[None] * len(ws))
+
+
+# The input gradient of SharedCastLinears' layers summed by one C pass (False: a cast and an
+# add a layer, as autograd; for comparisons)
+SUMMED_INPUT_GRAD = True
+
+
+def _input_grad(parts, dtype: torch.dtype) -> torch.Tensor | None:
+    """The layers' input gradients ``parts`` (each in the cast's dtype, the last layer's
+    first) each cast to ``dtype`` and summed in that order, as autograd sums them: where they
+    are bf16 and ``dtype`` float32, one C pass (``kernels.summed_as_float``, bit for bit) in
+    place of a cast and an add a layer (q/k/v: 5 passes over (tokens, hidden) float32)."""
+    if not parts:
+        return None
+    if SUMMED_INPUT_GRAD and dtype == torch.float32:
+        out = kernels.summed_as_float(parts)
+        if out is not None:
+            return out
+    gx = parts[0].to(dtype)
+    for p in parts[1:]:
+        gx = gx.add_(p.to(dtype))
+    return gx
 
 
 # weight gradients g^T x with the narrower g transposed by a C pass first, on AMX (False:

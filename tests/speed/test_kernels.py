@@ -382,3 +382,24 @@ def test_transposed_copies_whole_blocks_tails_and_column_slices(dtype):
     assert kernels.transposed(torch.zeros(4, 4)) is None
     assert kernels.transposed(wide.t()) is None
     assert kernels.transposed(torch.zeros(2, 4, 4, dtype=dtype)) is None
+
+
+@needs_cc
+def test_summed_as_float_adds_in_autograd_s_order_bit_for_bit():
+    """kernels.summed_as_float: parts[0].float(), then .add_(p.float()) for each later part,
+    bit for bit (float32 sums of bf16 values in that order: a reordering changes last bits);
+    it declines float32 parts, mixed shapes and non-contiguous parts."""
+    g = torch.Generator().manual_seed(0)
+    scales = (1e3, 1.0, 1e-3, 7.0)
+    parts = [(torch.randn(3, 77, 129, generator=g) * s).bfloat16() for s in scales]
+    for k in range(1, 5):
+        want = parts[0].float()
+        for p in parts[1:k]:
+            want = want.add_(p.float())
+        got = kernels.summed_as_float(parts[:k])
+        assert got.dtype == torch.float32 and torch.equal(got, want), k
+    rev = parts[2].float().add_(parts[1].float()).add_(parts[0].float())
+    assert not torch.equal(kernels.summed_as_float(parts[:3]), rev)  # the order is seen
+    assert kernels.summed_as_float([p.float() for p in parts]) is None
+    assert kernels.summed_as_float([parts[0], parts[1][:, :5]]) is None
+    assert kernels.summed_as_float([parts[0], parts[1].transpose(1, 2)]) is None
