@@ -23,6 +23,7 @@ from grpokit.algo import entropy_from_logits, linear_logprobs, selective_log_sof
 from grpokit.rollout.base import Rollout
 from grpokit.rollout.hf import autocast
 from grpokit.rollout.kvcache import cache_kwarg, returned_cache, select_cache_rows
+from grpokit.speed import packed
 from grpokit.speed.attention import shared_mask_attention
 from grpokit.speed.kernels import head_log_softmax
 from grpokit.speed.layers import lean_layers, transposer
@@ -38,6 +39,10 @@ from grpokit.speed.weights import head_weight_arriving_last
 # No-grad forwards (reference, old log-probs) run the RMSNorms' C forward (lean_layers with
 # grad=False); False: transformers' norms there, as before.
 LEAN_NO_GRAD = True
+
+# Rows sharing prompts run as one packed sequence where speed/packed.py applies (False: the
+# prompts' forward, then the completions' against their cache; for comparisons)
+PACKED = True
 
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no soft-capping or
 # scaling), so the fused head computes the same log-probs as the model's own forward.
@@ -173,7 +178,11 @@ class LogProbs:
         lean = lean_layers(model, enabled=(grad or LEAN_NO_GRAD) and not checkpointed, grad=grad)
         with sharing, lean:
             if shared is not None:
-                out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
+                out = None
+                if PACKED and head is not None:
+                    out = self._forward_packed(model, head[0], p_ids, p_mask, c_ids, c_mask, shared)
+                if out is None:
+                    out = self._forward_shared(model, head, p_ids, p_mask, c_ids, c_mask, shared)
             else:
                 out = self._forward_rows(model, head, p_ids, p_mask, c_ids, c_mask)
         if head is None:
@@ -211,6 +220,32 @@ class LogProbs:
                 input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
             ).last_hidden_state  # (n, pk+ck, H)
             return hs[:, pk - 1 : pk + ck - 1]  # the positions predicting c_ids
+
+    def _forward_packed(self, model, net, p_ids, p_mask, c_ids, c_mask, shared):
+        """The shared-prompt forward's tokens, positions and attention as one packed sequence
+        (``speed/packed.py``): each distinct prompt but its last token, then each row's [last
+        prompt token | completion], one forward. Returns its hidden states predicting
+        ``c_ids`` (n, ck, H), or None where packing does not apply (then the two forwards of
+        :meth:`_forward_shared`), or where a common prefix runs once there."""
+        first, inverse = shared
+        pre_ids, pre_mask = p_ids[first, :-1], p_mask[first, :-1]
+        (u, Lp), (n, ck) = pre_ids.shape, c_ids.shape
+        if self.min_shared_prefix:
+            L = shared_prefix_length(pre_ids, pre_mask)
+            if L >= max(1, self.min_shared_prefix) and prefix_pays(u, L):
+                return None
+        dev = c_ids.device
+        ids = torch.cat([pre_ids.reshape(-1), torch.cat([p_ids[:, -1:], c_ids], 1).reshape(-1)])
+        start = p_mask.sum(-1, keepdim=True) - 1  # position of the last prompt token
+        pos = torch.cat([(pre_mask.cumsum(-1) - 1).clamp(min=0).reshape(-1),
+                         (start + torch.arange(ck + 1, device=dev)).reshape(-1)])  # fmt: skip
+        with autocast(dev.type, self.amp_dtype):
+            if not packed.applies(model, Lp, ck + 1):
+                return None
+            row_mask = torch.cat([p_mask[:, -1:], c_mask], dim=1)
+            with packed.packed_attention(packed.Packing(pre_mask, inverse, row_mask)):
+                hs = net(input_ids=ids[None], position_ids=pos[None], use_cache=False)
+        return hs.last_hidden_state[0, u * Lp :].view(n, ck + 1, -1)[:, :ck]
 
     def _forward_shared(self, model, head, p_ids, p_mask, c_ids, c_mask, shared):
         """The same numbers as one forward over [prompt | completion] rows, with each

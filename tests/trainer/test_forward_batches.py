@@ -382,3 +382,77 @@ def test_no_grad_forward_runs_the_c_rms_norm(tmp_path, tiny_model_dir, monkeypat
         assert bool(calls) == flag
     atol = 2e-2 if overrides.get("bf16") else 2e-5
     torch.testing.assert_close(out[True], out[False], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"bf16": True}], ids=["float32", "bf16"])
+def test_packed_forward_matches_the_prompt_then_completion_forwards(
+    tmp_path, tiny_model_dir, monkeypatch, overrides
+):
+    """Rows sharing prompts as ONE packed sequence (speed/packed.py: prompts and rows' tokens
+    through every layer once, only the attention split by rows) against the prompts' forward
+    then the completions' against their cache: the same log-probs, entropies and gradients,
+    in the training forward and the no-grad passes, up to the order of float sums (float32
+    through the training attention route for the comparison). Where a common prefix runs once
+    (it saves enough positions) the two forwards run, packed or not."""
+    from grpokit import forward as fw
+    from grpokit.speed import attention, packed
+
+    monkeypatch.setattr(attention, "FLOAT32_TOO", True)
+    tr = GRPOTrainer(
+        tiny_run_config(tiny_model_dir, tmp_path / "run", temperature=0.7, **overrides)
+    )
+    ran = []
+    real_packed, real_cache = packed.packed_attention, fw.LogProbs._prompt_cache
+    monkeypatch.setattr(
+        packed, "packed_attention", lambda pk: ran.append("packed") or real_packed(pk)
+    )
+    monkeypatch.setattr(fw.LogProbs, "_prompt_cache",
+                        lambda *a: ran.append("cache") or real_cache(*a))  # fmt: skip
+    rows = torch.tensor([0, 5, 1, 9, 2, 4, 11])
+    for prefix, want in ((0, "packed"), (100, "cache")):
+        ro = _grouped_rollout(tr, prefix=prefix)
+        out = {}
+        for flag in (True, False):
+            monkeypatch.setattr(fw, "PACKED", flag)
+            tr.model.zero_grad(set_to_none=True)
+            ran.clear()
+            logp, ent = tr.logprobs(tr.model, ro, rows, with_entropy=True)
+            assert ran == [want if flag else "cache"], (prefix, flag, ran)
+            mask = ro.completion_mask[rows].float()
+            (logp * mask * torch.linspace(-1, 1, logp.numel()).view_as(logp)).sum().backward()
+            grads = {
+                n: q.grad.clone() for n, q in tr.model.named_parameters() if q.grad is not None
+            }
+            with torch.no_grad():
+                ng = tr.logprobs.no_grad(tr.model, ro, [rows])
+            out[flag] = (logp * mask, ent * mask, ng, grads)
+        atol, grad_rtol = (2e-2, 3e-2) if overrides else (2e-5, 1e-4)
+        (lp, ep, np_, gp), (ls, es, ns, gs) = out[True], out[False]
+        torch.testing.assert_close(lp, ls, atol=atol, rtol=0)
+        torch.testing.assert_close(ep, es, atol=atol * 10, rtol=0)
+        torch.testing.assert_close(np_, ns, atol=atol, rtol=0)
+        assert gp.keys() == gs.keys() and gp
+        for k in gp:
+            scale = gs[k].abs().max().clamp(min=1e-6)
+            assert ((gp[k] - gs[k]).abs().max() / scale).item() < grad_rtol, k
+
+
+def test_packing_applies_only_where_it_computes_the_model_s_attention(tmp_path, tiny_model_dir):
+    """speed/packed.applies: not past the training route's lengths, not in float32 outside
+    that route, not with a sliding window or attention dropout in training."""
+    from grpokit.speed import attention, packed
+
+    tr = GRPOTrainer(tiny_run_config(tiny_model_dir, tmp_path / "run", bf16=True))
+    m, cfg = tr.model, tr.model.config
+    with torch.autocast("cpu", torch.bfloat16):
+        assert packed.applies(m, 8, 12)
+        assert not packed.applies(m, 8, attention.MAX_QUERIES + 1)
+        cfg.sliding_window = 4
+        assert not packed.applies(m, 8, 12)
+        cfg.sliding_window = None
+        cfg.attention_dropout, training = 0.1, m.training
+        m.train()
+        assert not packed.applies(m, 8, 12)
+        m.train(training)
+        cfg.attention_dropout = 0.0
+    assert not packed.applies(m, 8, 12)  # float32, no autocast
