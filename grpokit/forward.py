@@ -223,29 +223,41 @@ class LogProbs:
 
     def _forward_packed(self, model, net, p_ids, p_mask, c_ids, c_mask, shared):
         """The shared-prompt forward's tokens, positions and attention as one packed sequence
-        (``speed/packed.py``): each distinct prompt but its last token, then each row's [last
-        prompt token | completion], one forward. Returns its hidden states predicting
-        ``c_ids`` (n, ck, H), or None where packing does not apply (then the two forwards of
-        :meth:`_forward_shared`), or where a common prefix runs once there."""
+        (``speed/packed.py``): a common prefix once where :meth:`_prompt_cache` would run it
+        once, each distinct prompt (or its suffix) but its last token, then each row's [last
+        prompt token | completion]. Returns the hidden states predicting ``c_ids`` (n, ck,
+        H), or None where packing does not apply (then :meth:`_forward_shared`)."""
         first, inverse = shared
         pre_ids, pre_mask = p_ids[first, :-1], p_mask[first, :-1]
-        (u, Lp), (n, ck) = pre_ids.shape, c_ids.shape
-        if self.min_shared_prefix:
-            L = shared_prefix_length(pre_ids, pre_mask)
-            if L >= max(1, self.min_shared_prefix) and prefix_pays(u, L):
-                return None
+        u, (n, ck) = pre_ids.shape[0], c_ids.shape
         dev = c_ids.device
-        ids = torch.cat([pre_ids.reshape(-1), torch.cat([p_ids[:, -1:], c_ids], 1).reshape(-1)])
+        L = shared_prefix_length(pre_ids, pre_mask) if self.min_shared_prefix else 0
+        if L < max(1, self.min_shared_prefix) or not prefix_pays(u, L):
+            L = 0
+        head_ids, pos = [], []
+        if L:  # the common prefix once, then each prompt's suffix (speed/prefix.py)
+            split = split_prefix(pre_ids, pre_mask, L)
+            head_ids += [split.prefix_ids.reshape(-1)]
+            pos += [torch.arange(L, device=dev)]
+            pre_ids, pre_mask, ppos = split.suffix_ids, split.suffix_mask, split.suffix_pos
+        else:
+            ppos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
         start = p_mask.sum(-1, keepdim=True) - 1  # position of the last prompt token
-        pos = torch.cat([(pre_mask.cumsum(-1) - 1).clamp(min=0).reshape(-1),
-                         (start + torch.arange(ck + 1, device=dev)).reshape(-1)])  # fmt: skip
+        rows = torch.cat([p_ids[:, -1:], c_ids], 1)
+        ids = torch.cat([*head_ids, pre_ids.reshape(-1), rows.reshape(-1)])
+        pos = torch.cat(
+            [*pos, ppos.reshape(-1), (start + torch.arange(ck + 1, device=dev)).reshape(-1)]
+        )
+        Lp = pre_ids.shape[1]
         with autocast(dev.type, self.amp_dtype):
-            if not packed.applies(model, Lp, ck + 1):
+            if not packed.applies(model, Lp, ck + 1, L):
                 return None
             row_mask = torch.cat([p_mask[:, -1:], c_mask], dim=1)
-            with packed.packed_attention(packed.Packing(pre_mask, inverse, row_mask)):
+            with packed.packed_attention(packed.Packing(pre_mask, inverse, row_mask, L)):
                 hs = net(input_ids=ids[None], position_ids=pos[None], use_cache=False)
-        return hs.last_hidden_state[0, u * Lp :].view(n, ck + 1, -1)[:, :ck]
+        if L and torch.is_grad_enabled():  # the prefix ran once, not u times
+            self.train_positions -= (u - 1) * L
+        return hs.last_hidden_state[0, L + u * Lp :].view(n, ck + 1, -1)[:, :ck]
 
     def _forward_shared(self, model, head, p_ids, p_mask, c_ids, c_mask, shared):
         """The same numbers as one forward over [prompt | completion] rows, with each

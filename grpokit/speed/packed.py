@@ -31,41 +31,48 @@ from grpokit.speed import attention as attn
 
 
 class Packing:
-    """The rows of one packed forward: ``u`` distinct prompts of ``Lp`` tokens (left-padded:
-    ``prompt_mask`` (u, Lp)), then ``n`` rows of ``Lc`` tokens (``row_mask`` (n, Lc), True
-    for real tokens), row i reading prompt ``inverse[i]``. Builds the two attentions' boolean
-    masks once a forward (every layer shares them)."""
+    """The rows of one packed forward: optionally a ``prefix`` of L tokens common to every
+    prompt (run once; positions 0 .. L - 1), then ``u`` distinct prompts (or their suffixes
+    after the prefix) of ``Lp`` tokens (left-padded: ``prompt_mask`` (u, Lp)), then ``n`` rows
+    of ``Lc`` tokens (``row_mask`` (n, Lc), True for real tokens), row i reading prompt
+    ``inverse[i]``. Builds the attentions' boolean masks once a forward (every layer shares
+    them): the prefix causal; a prompt against [the prefix | itself, causal, padding
+    masked]; a row against [the prefix | its prompt, padding masked | itself, causal, padding
+    masked]."""
 
-    def __init__(self, prompt_mask: torch.Tensor, inverse: torch.Tensor, row_mask: torch.Tensor):
+    def __init__(self, prompt_mask, inverse: torch.Tensor, row_mask, prefix: int = 0):
         self.u, self.Lp = prompt_mask.shape
         self.n, self.Lc = row_mask.shape
-        self.inverse = inverse
+        self.L, self.inverse = prefix, inverse
         dev = prompt_mask.device
         pm = prompt_mask.bool()
-        own = attn.causal_mask(self.Lp, self.Lp, dev)[0]  # (1, Lp, Lp)
-        mp = own & pm[:, None, :]
-        # a left pad sees no key: it attends to itself (its output is never read; a query
-        # row with no key would give NaN through SDPA, where the C kernel gives 0)
-        empty = ~mp.any(-1, keepdim=True)
-        mp = mp | (empty & torch.eye(self.Lp, dtype=torch.bool, device=dev)[None])
-        self.prompt_mask = mp[:, None]  # (u, 1, Lp, Lp)
-        left = pm[inverse][:, None, :].expand(self.n, self.Lc, self.Lp)
+        mp = attn.causal_mask(self.Lp, self.Lp, dev)[0] & pm[:, None, :]  # (u, Lp, Lp)
+        if not prefix:  # a left pad then sees no key: it attends to itself (its output is
+            # never read; a query row with no key gives NaN through SDPA, 0 through the kernel)
+            empty = ~mp.any(-1, keepdim=True)
+            mp = mp | (empty & torch.eye(self.Lp, dtype=torch.bool, device=dev)[None])
+        seen = torch.ones(1, 1, prefix, dtype=torch.bool, device=dev)  # the prefix: every key
+        self.prompt_mask = torch.cat([seen.expand(self.u, self.Lp, prefix), mp], -1)[:, None]
         right = attn.causal_mask(self.Lc, self.Lc, dev)[0] & row_mask.bool()[:, None, :]
-        self.row_mask = torch.cat([left, right], dim=-1)[:, None]  # (n, 1, Lc, Lp + Lc)
+        parts = [seen.expand(self.n, self.Lc, prefix),
+                 pm[inverse][:, None, :].expand(self.n, self.Lc, self.Lp), right]  # fmt: skip
+        self.row_mask = torch.cat(parts, dim=-1)[:, None]  # (n, 1, Lc, L + Lp + Lc)
+        self.prefix_mask = attn.causal_mask(prefix, prefix, dev)  # (1, 1, L, L)
         self._grouped: dict = {}
 
     def grouped(self, R: int):
-        """The two masks with each key/value head's R query heads stacked (see
-        ``attention.grouped_mask``), made once."""
+        """The masks (prefix, prompts, rows) with each key/value head's R query heads stacked
+        (see ``attention.grouped_mask``), made once."""
         if R not in self._grouped:
-            self._grouped[R] = (
-                attn.grouped_mask(self.prompt_mask, R).contiguous(),
-                attn.grouped_mask(self.row_mask, R).contiguous(),
-            )
+            masks = (self.prefix_mask, self.prompt_mask, self.row_mask)
+            self._grouped[R] = [attn.grouped_mask(m, R).contiguous() for m in masks]
         return self._grouped[R]
 
 
 _ACTIVE: list[Packing] = []
+# The one prefix row's queries (its attention computes all L x L scores of one row: the
+# training route's bound on queries is for a batch of rows)
+MAX_PREFIX = 4 * attn.MAX_QUERIES
 
 
 def _rows(x: torch.Tensor, lo: int, hi: int, m: int, L: int) -> torch.Tensor:
@@ -91,18 +98,33 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=
     H, G, D = query.shape[1], key.shape[1], query.shape[-1]
     scale = scaling if scaling is not None else 1.0 / math.sqrt(D)
     q, k, v = query[0].to(dt), key[0].to(dt), value[0].to(dt)
-    Np, T = pk.u * pk.Lp, q.shape[1]
-    kp, vp = _rows(k, 0, Np, pk.u, pk.Lp), _rows(v, 0, Np, pk.u, pk.Lp)
-    kc = torch.cat([kp[pk.inverse], _rows(k, Np, T, pk.n, pk.Lc)], dim=2)
-    vc = torch.cat([vp[pk.inverse], _rows(v, Np, T, pk.n, pk.Lc)], dim=2)
-    mask_p, mask_c = pk.grouped(H // G)
+    L, u, n = pk.L, pk.u, pk.n
+    Np, T = L + u * pk.Lp, q.shape[1]
+    mask_f, mask_p, mask_r = pk.grouped(H // G)
+    outs = []
     with torch.autocast("cpu", enabled=False):
-        op = attn.attention(_rows(q, 0, Np, pk.u, pk.Lp), kp.contiguous(), vp.contiguous(),
+        if L:
+            k0, v0 = k[None, :, :L].contiguous(), v[None, :, :L].contiguous()
+            o0 = attn.attention(q[None, :, :L], k0, v0, None, scale, stacked_mask=mask_f)
+            outs.append(o0[0].transpose(0, 1))
+        kp, vp = _rows(k, L, Np, u, pk.Lp), _rows(v, L, Np, u, pk.Lp)
+        kpp, vpp = (_with_prefix(k0, kp, u), _with_prefix(v0, vp, u)) if L else (kp, vp)
+        op = attn.attention(_rows(q, L, Np, u, pk.Lp), kpp.contiguous(), vpp.contiguous(),
                             None, scale, stacked_mask=mask_p)  # fmt: skip
-        oc = attn.attention(_rows(q, Np, T, pk.n, pk.Lc), kc, vc, None, scale,
-                            stacked_mask=mask_c)  # fmt: skip
-    out = torch.cat([op.transpose(1, 2).reshape(Np, H, D), oc.transpose(1, 2).reshape(-1, H, D)])
-    return out[None], None
+        outs.append(op.transpose(1, 2).reshape(-1, H, D))
+        kr = torch.cat([kp[pk.inverse], _rows(k, Np, T, n, pk.Lc)], dim=2)
+        vr = torch.cat([vp[pk.inverse], _rows(v, Np, T, n, pk.Lc)], dim=2)
+        if L:
+            kr, vr = _with_prefix(k0, kr, n), _with_prefix(v0, vr, n)
+        orow = attn.attention(_rows(q, Np, T, n, pk.Lc), kr, vr, None, scale,
+                              stacked_mask=mask_r)  # fmt: skip
+        outs.append(orow.transpose(1, 2).reshape(-1, H, D))
+    return torch.cat(outs)[None], None
+
+
+def _with_prefix(x0: torch.Tensor, x: torch.Tensor, m: int) -> torch.Tensor:
+    """[the prefix's (1, G, L, D) | x (m, G, S, D)] along the keys, for each of the m rows."""
+    return torch.cat([x0.expand(m, -1, -1, -1), x], dim=2)
 
 
 @contextlib.contextmanager
@@ -117,7 +139,7 @@ def packed_attention(packing: Packing):
         _ACTIVE.pop()
 
 
-def applies(model, Lp: int, Lc: int) -> bool:
+def applies(model, Lp: int, Lc: int, prefix: int = 0) -> bool:
     """Whether a packed forward computes what ``model``'s own forward would: sdpa attention,
     every attention module running Llama's forward, no attention dropout in training mode,
     no sliding window, both lengths within the training route's (``attention.MAX_QUERIES``),
@@ -130,7 +152,7 @@ def applies(model, Lp: int, Lc: int) -> bool:
         model.training and getattr(cfg, "attention_dropout", 0.0)
     ):
         return False
-    if max(Lp, Lc) > attn.MAX_QUERIES:
+    if max(Lp, Lc) > attn.MAX_QUERIES or prefix > MAX_PREFIX:
         return False
     if torch.is_autocast_enabled("cpu"):
         dt = torch.get_autocast_dtype("cpu")

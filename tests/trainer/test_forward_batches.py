@@ -392,8 +392,9 @@ def test_packed_forward_matches_the_prompt_then_completion_forwards(
     through every layer once, only the attention split by rows) against the prompts' forward
     then the completions' against their cache: the same log-probs, entropies and gradients,
     in the training forward and the no-grad passes, up to the order of float sums (float32
-    through the training attention route for the comparison). Where a common prefix runs once
-    (it saves enough positions) the two forwards run, packed or not."""
+    through the training attention route for the comparison). With a common prefix that
+    pays (``common-prefix``: 2 x 100 positions saved) the prefix is the packing's first
+    block, run once, against the three forwards of the prefix, the suffixes and the rows."""
     from grpokit import forward as fw
     from grpokit.speed import attention, packed
 
@@ -409,7 +410,7 @@ def test_packed_forward_matches_the_prompt_then_completion_forwards(
     monkeypatch.setattr(fw.LogProbs, "_prompt_cache",
                         lambda *a: ran.append("cache") or real_cache(*a))  # fmt: skip
     rows = torch.tensor([0, 5, 1, 9, 2, 4, 11])
-    for prefix, want in ((0, "packed"), (100, "cache")):
+    for prefix, want in ((0, "packed"), (20, "packed"), (100, "packed")):
         ro = _grouped_rollout(tr, prefix=prefix)
         out = {}
         for flag in (True, False):
