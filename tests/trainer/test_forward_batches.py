@@ -168,14 +168,20 @@ def test_shared_prompt_forward_matches_one_forward_per_row(
         out[share] = (logp * mask, ent * mask, grads)
         with torch.no_grad():  # the no-grad passes (reference, old log-probs) too
             out[share] += (tr.logprobs.no_grad(tr.model, ro, tr.opt.plan(ro)),)
-    (ls, es, gs, ns), (lu, eu, gu, nu) = out[True], out[False]
-    torch.testing.assert_close(ls, lu, atol=atol, rtol=0)
-    torch.testing.assert_close(es, eu, atol=atol * 10, rtol=0)
-    torch.testing.assert_close(ns, nu, atol=atol, rtol=0)
-    assert gs.keys() == gu.keys() and gs
-    for k in gs:
-        scale = gu[k].abs().max().clamp(min=1e-6)
-        assert ((gs[k] - gu[k]).abs().max() / scale).item() < grad_rtol, k
+    _assert_same_numbers(out[True], out[False], atol, grad_rtol)
+
+
+def _assert_same_numbers(got, want, atol: float, grad_rtol: float) -> None:
+    """(log-probs, entropies, gradients by name, no-grad log-probs) of two routes: within
+    ``atol`` (entropies 10x), each gradient within ``grad_rtol`` of the other's largest entry."""
+    (lg, eg, gg, ng), (lw, ew, gw, nw) = got, want
+    torch.testing.assert_close(lg, lw, atol=atol, rtol=0)
+    torch.testing.assert_close(eg, ew, atol=atol * 10, rtol=0)
+    torch.testing.assert_close(ng, nw, atol=atol, rtol=0)
+    assert gg.keys() == gw.keys() and gg
+    for k in gg:
+        scale = gw[k].abs().max().clamp(min=1e-6)
+        assert ((gg[k] - gw[k]).abs().max() / scale).item() < grad_rtol, k
 
 
 def test_micro_batch_split_minimises_token_positions(tmp_path, tiny_model_dir):
@@ -426,16 +432,9 @@ def test_packed_forward_matches_the_prompt_then_completion_forwards(
             }
             with torch.no_grad():
                 ng = tr.logprobs.no_grad(tr.model, ro, [rows])
-            out[flag] = (logp * mask, ent * mask, ng, grads)
+            out[flag] = (logp * mask, ent * mask, grads, ng)
         atol, grad_rtol = (2e-2, 3e-2) if overrides else (2e-5, 1e-4)
-        (lp, ep, np_, gp), (ls, es, ns, gs) = out[True], out[False]
-        torch.testing.assert_close(lp, ls, atol=atol, rtol=0)
-        torch.testing.assert_close(ep, es, atol=atol * 10, rtol=0)
-        torch.testing.assert_close(np_, ns, atol=atol, rtol=0)
-        assert gp.keys() == gs.keys() and gp
-        for k in gp:
-            scale = gs[k].abs().max().clamp(min=1e-6)
-            assert ((gp[k] - gs[k]).abs().max() / scale).item() < grad_rtol, k
+        _assert_same_numbers(out[True], out[False], atol, grad_rtol)
 
 
 def test_packing_applies_only_where_it_computes_the_model_s_attention(tmp_path, tiny_model_dir):
