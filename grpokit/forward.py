@@ -231,9 +231,7 @@ class LogProbs:
         pre_ids, pre_mask = p_ids[first, :-1], p_mask[first, :-1]
         u, (n, ck) = pre_ids.shape[0], c_ids.shape
         dev = c_ids.device
-        L = shared_prefix_length(pre_ids, pre_mask) if self.min_shared_prefix else 0
-        if L < max(1, self.min_shared_prefix) or not prefix_pays(u, L):
-            L = 0
+        L = self._prefix_once(model.config, pre_ids, pre_mask, pre_ids.shape[1] + ck + 1)
         head_ids, pos = [], []
         if L:  # the common prefix once, then each prompt's suffix (speed/prefix.py)
             split = split_prefix(pre_ids, pre_mask, L)
@@ -290,6 +288,16 @@ class LogProbs:
             )
         return (out.logits if head is None else out.last_hidden_state)[:, :ck]
 
+    def _prefix_once(self, config, pre_ids, pre_mask, total: int) -> int:
+        """How many leading tokens the distinct prompts ``pre_ids`` share that run once: their
+        common prefix where it is at least ``min_shared_prefix`` long and running it once pays
+        (``speed/prefix.py``'s ``prefix_pays``), and no sliding window shorter than ``total``
+        positions rules the split out; else 0."""
+        L = shared_prefix_length(pre_ids, pre_mask) if self.min_shared_prefix else 0
+        if L < max(1, self.min_shared_prefix) or not prefix_pays(pre_ids.shape[0], L):
+            return 0
+        return L if window_allows(config, total) else 0
+
     def _prompt_cache(self, net, pre_ids, pre_mask, more: int, extra: dict):
         """(KV cache, (u, W) mask of its columns) of the distinct prompts' tokens ``pre_ids``
         (u, W), left-padded. When they start with a common prefix of at least
@@ -300,13 +308,9 @@ class LogProbs:
         [prefix | masked slots, suffix] per row, positions as before, so every later query
         sees the same keys at the same positions. ``more``: the positions run after these
         (a sliding window shorter than the whole rules the split out)."""
-        L = shared_prefix_length(pre_ids, pre_mask) if self.min_shared_prefix else 0
+        L = self._prefix_once(net.config, pre_ids, pre_mask, pre_ids.shape[1] + more)
         u = pre_ids.shape[0]
-        if (
-            L < max(1, self.min_shared_prefix)
-            or not prefix_pays(u, L)
-            or not window_allows(net.config, pre_ids.shape[1] + more)
-        ):
+        if not L:
             pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
             out = net(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pos,
                       use_cache=True, **extra)  # fmt: skip

@@ -248,9 +248,9 @@ def amx_linear_packer():
     None where this machine, build or process has no AMX, oneDNN is capped below it, or the
     kernels are off; the returned function gives None for a weight whose shape the kernel
     does not take (K % 32, N % 16), and the caller keeps its own product for that one."""
-    lib = _load()
-    if lib is None or not _onednn_allows_amx() or not lib.amx_linear_ready():
+    if not amx_products():
         return None
+    lib = _load()
 
     def pack(w: torch.Tensor, b: torch.Tensor | None):
         n, k = w.shape
