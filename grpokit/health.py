@@ -107,13 +107,16 @@ class HealthMonitor:
         self.events: list[dict[str, Any]] = []
         self.bad: dict[str, int] = {}  # consecutive bad steps per key
         self.good: dict[str, int] = {}
-        self.hist: dict[str, list] = {"grad_norm": [], "kl": [], "entropy": [], "interval": []}
+        self.hist: dict[str, list] = {
+            "grad_norm": [], "kl": [], "entropy": [], "interval": [], "accuracy": []
+        }  # fmt: skip
         self.rewards: dict[str, dict[str, Any]] = {}  # per reward function, its first steps
         self.last_eval: tuple[int, float, int] | None = None  # step, accuracy, samples
 
     # ------------------------------------------------------------------ feeding
     def observe(self, step: int, m: dict[str, Any]) -> list[Event]:
         """One optimizer step's metrics: the alerts that fired or cleared at it."""
+        self._track_accuracy(m)
         verdicts = [
             ("no_signal", *self._no_signal(m)),
             ("truncated", *self._truncated(m)),
@@ -200,11 +203,12 @@ class HealthMonitor:
         acc, r = _num(m.get(SAMPLED_ACC, m.get("accuracy"))), _num(m.get("reward"))
         why = f"; train accuracy {acc:.0%}" if acc is not None else ""
         why += f", mean reward {_g(r)}" if r is not None else ""
-        if self._solved(m) is not None:
+        solved = self._solved(m, need)
+        if solved is not None:
             line = (
                 f"frac_reward_zero_std >= {_g(th)} for {need} steps (now {_g(f)}): the model "
-                f"already solves the training prompts ({why[2:]}), so its groups agree and further "
-                f"steps teach nothing; {SOLVED_ADVICE}"
+                f"already solves the training prompts ({self._accuracy_words(solved, need)}), so its "
+                f"groups agree and further steps teach nothing; {SOLVED_ADVICE}"
             )
             return True, line, need
         line = (
@@ -248,11 +252,11 @@ class HealthMonitor:
             f"mean token entropy {_g(e)} (start {_g(ref)}; alert below "
             f"{_g(low)} or {_g(drop)}x under the start, {need} steps): "
         )
-        acc = self._solved(m)
+        acc = self._solved(m, need)
         if acc is not None:  # converged, not collapsed: the advice is to stop, not to explore
             return True, head + (
                 f"the policy is near-deterministic because it solves the training prompts "
-                f"(train accuracy {acc:.0%}); further steps teach little: {SOLVED_ADVICE}"
+                f"({self._accuracy_words(acc, need)}); further steps teach little: {SOLVED_ADVICE}"
             ), need  # fmt: skip
         stuck = self._stuck_share(m)
         if stuck is not None and stuck < self.p["stuck_share"]:  # sure where right only
@@ -306,12 +310,36 @@ class HealthMonitor:
             f"{bonus}, lower learning_rate, or raise temperature"
         )
 
-    def _solved(self, m) -> float | None:
-        """The step's train accuracy (over every sampled completion when logged: dynamic
-        sampling trains on a batch without the solved groups) when it is at least
-        solved_accuracy, else None."""
-        acc = _num(m.get(SAMPLED_ACC, m.get("accuracy")))
-        return acc if acc is not None and acc >= self.p["solved_accuracy"] else None
+    def _track_accuracy(self, m) -> None:
+        """Keep the train accuracy (over every sampled completion when logged: dynamic
+        sampling trains on a batch without the solved groups) of the last steps the
+        detectors look back over; a step without it ends the window."""
+        acc, hist = (
+            _num(m.get(SAMPLED_ACC, m.get("accuracy"))),
+            self.hist.setdefault("accuracy", []),
+        )
+        if acc is None:
+            hist.clear()
+            return
+        hist.append(acc)
+        keep = max(int(self.p["zero_std_steps"]), int(self.p["entropy_steps"]), 1)
+        del hist[:-keep]
+
+    def _accuracy_words(self, acc: float, need: int) -> str:
+        n = min(need, len(self.hist.get("accuracy") or []))
+        return f"train accuracy {acc:.0%}" + (f" over the last {n} steps" if n > 1 else "")
+
+    def _solved(self, m, need: int) -> float | None:
+        """The mean train accuracy over the ``need`` steps an alert looked at (fewer when the
+        run has logged fewer) when it is at least solved_accuracy, else None. Those steps, not
+        the last one: with a few prompts a step, a policy that writes one template is right on
+        every prompt of some steps (both prompts of the kind the template solves), which is
+        not solving the task."""
+        hist = (self.hist.get("accuracy") or [])[-max(1, need) :]
+        if _num(m.get(SAMPLED_ACC, m.get("accuracy"))) is None or not hist:
+            return None
+        acc = sum(hist) / len(hist)
+        return acc if acc >= self.p["solved_accuracy"] else None
 
     def _spike(self, name: str, m):
         v, hist = _num(m.get(name)), self.hist[name]
@@ -346,7 +374,7 @@ class HealthMonitor:
         f, beta = _num(m.get("frac_reward_zero_std")), _num(self.s.get("beta")) or 0.0
         g = _num(m.get("grad_norm"))
         head = f"loss is exactly 0 for {need} steps"
-        if f == 1.0 and beta == 0.0 and self._solved(m) is not None:
+        if f == 1.0 and beta == 0.0 and self._solved(m, need) is not None:
             line = (
                 f"{head}, as expected here: the model solves every training prompt, so every "
                 "group's rewards are equal, every advantage is 0, and beta is 0 (no KL term); "

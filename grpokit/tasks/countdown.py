@@ -11,7 +11,9 @@ Sources (``dataset_name``):
   default [3, 4]), ``max_number`` (default 99), ``target_range`` (default [10, 100]), and
   ``targets`` (``uniform``, the default: any reachable value; ``by_operation``: one of
   ``+ - * /`` drawn equally often, then a target an equation ending in it makes, so that no
-  single operation is the answer to most problems).
+  single operation is the answer to most problems), and ``operations`` (with ``by_operation``:
+  the operations drawn from, default all four; ``["+", "-"]`` makes half the targets sums and
+  half differences, a choice that a target's size against the numbers decides).
 - rows with ``nums`` and ``target`` (the Countdown-Tasks-3to4 layout): a local
   json/jsonl/parquet/csv file or directory, or the hub id ``Jiayi-Pan/Countdown-Tasks-3to4``
   (train split only, so set ``test_size`` for a seeded held-out slice).
@@ -134,6 +136,7 @@ def generate_problem(
     max_number: int = 99,
     target_range: tuple[int, int] = (10, 100),
     targets: str = "uniform",
+    operations: tuple[str, ...] = OPERATIONS,
 ) -> dict[str, Any]:
     """One solvable problem: ``counts`` (one drawn) numbers in 1..``max_number``, a target in
     ``target_range`` (inclusive) reachable from them, and a solution. The defaults are the
@@ -142,11 +145,12 @@ def generate_problem(
     ``targets``: ``"uniform"`` draws the target uniformly from the reachable values in range;
     ``"by_operation"`` first draws one of ``+ - * /`` uniformly, then a target some equation
     ENDING in it makes, so that no one operation answers most problems (uniform targets from
-    small numbers are sums about half the time, and a model can learn to always add)."""
+    small numbers are sums about half the time, and a model can learn to always add); it draws
+    from ``operations`` only (a target can still be reached by another operation too)."""
     lo, hi = target_range
     # by_operation: the operation is drawn once, before the numbers, so that operations whose
     # values fall in range less often (* with large numbers) are not redrawn away
-    last = rng.choice(OPERATIONS) if targets == "by_operation" else None
+    last = rng.choice(operations) if targets == "by_operation" else None
     for _ in range(20_000):
         nums = [rng.randint(1, max_number) for _ in range(rng.choice(counts))]
         key = tuple(sorted(nums))
@@ -176,6 +180,7 @@ class CountdownTask(Task):
         "max_number": 99,
         "target_range": [10, 100],
         "targets": "uniform",
+        "operations": list(OPERATIONS),
     }
 
     @property
@@ -191,7 +196,7 @@ class CountdownTask(Task):
                 "test": 500 if test is None else int(test),
             }
         else:
-            for k in ("train_size", "count", "max_number", "target_range", "targets"):
+            for k in ("train_size", "count", "max_number", "target_range", "targets", "operations"):
                 if self.p[k] != self.param_defaults[k]:
                     raise TaskDataError(
                         f"task countdown: {k} applies to generated problems only; "
@@ -217,11 +222,28 @@ class CountdownTask(Task):
                 f"task countdown: targets={self.p['targets']!r}: use 'uniform' (any reachable "
                 "value) or 'by_operation' (one of + - * / drawn first, then a target it makes)"
             )
+        ops = self.p["operations"]
+        if (
+            not isinstance(ops, (list, tuple))
+            or not ops
+            or not set(ops) <= set(OPERATIONS)
+            or len(set(ops)) != len(ops)
+        ):
+            raise TaskDataError(
+                f"task countdown: operations={ops!r}: use a list of distinct operations from "
+                '["+", "-", "*", "/"]'
+            )
+        if list(ops) != list(OPERATIONS) and self.p["targets"] != "by_operation":
+            raise TaskDataError(
+                "task countdown: operations applies with targets: by_operation (the operation "
+                "each target is drawn for); set targets: by_operation or drop operations"
+            )
         return {
             "counts": counts,
             "max_number": top,
             "target_range": (rng[0], rng[1]),
             "targets": self.p["targets"],
+            "operations": tuple(ops),
         }
 
     def load_rows(self, split: str) -> list[dict[str, Any]]:

@@ -125,6 +125,23 @@ def test_a_solved_task_is_called_solved_not_collapsed():
     assert "solves the training prompts" in h.active["entropy_collapse"]
 
 
+def test_a_template_right_on_one_steps_prompts_is_not_called_solved():
+    # mini Countdown with half its targets sums: a policy that always adds is right on both
+    # of a step's 2 prompts on some steps and on one on others; the step it fires at is 100%
+    accs = [0.1, 0.3, 0.5, 0.5, 1.0, 0.5, 1.0]
+    rows = [
+        {"entropy": e, "accuracy": a}
+        for e, a in zip([1.0, 0.9, 0.6, 0.1, 0.004, 0.005, 0.004], accs)
+    ]
+    ev, h = feed(rows)
+    assert only(ev, "entropy_collapse") == [(7, True)]
+    line = h.active["entropy_collapse"]
+    assert "solves the training prompts" not in line and "raise temperature" in line
+    # all three steps the alert looked at solved: said so, with the window it averaged
+    ev, h = feed([{**r, "accuracy": 1.0} if i >= 4 else r for i, r in enumerate(rows)])
+    assert "train accuracy 100% over the last 3 steps" in h.active["entropy_collapse"]
+
+
 # ------------------------------------------------------------------ spikes
 def test_grad_norm_spike_against_running_median():
     ev, h = feed([{"grad_norm": g} for g in [1.0, 1.2, 0.8, 1.0, 1.1, 11.5, 1.0, 1.0]])

@@ -371,10 +371,36 @@ def test_targets_by_operation_leave_no_operation_answering_most_problems():
     assert not held & {(tuple(sorted(r["nums"])), r["target"]) for r in rows}
 
 
+def test_operations_restrict_the_operation_targets_are_drawn_for():
+    rng = random.Random(0)
+    rows = [generate_problem(rng, (2,), 9, (1, 20), "by_operation", ("+", "-")) for _ in range(800)]
+    sums = sum(r["target"] == sum(r["nums"]) for r in rows)
+    diffs = sum(r["target"] == abs(r["nums"][0] - r["nums"][1]) for r in rows)
+    # two positive numbers: their sum exceeds both, their difference neither; half each
+    assert sums + diffs == len(rows) and 340 < sums < 460, (sums, diffs)
+    t = get_task(
+        "countdown",
+        count=2,
+        max_number=9,
+        target_range=[1, 20],
+        train_size=200,
+        test_size=40,
+        targets="by_operation",
+        operations=["-"],
+    )
+    for r in t.build("train") + t.build("test"):
+        a, b = r["nums"]
+        assert r["target"] == abs(a - b) and r["solution"].count("-") == 1, r
+
+
 @pytest.mark.parametrize(
     "params, says",
     [
         ({"targets": "random"}, "targets='random': use 'uniform'"),
+        ({"targets": "by_operation", "operations": ["+", "^"]}, "operations=['+', '^']"),
+        ({"targets": "by_operation", "operations": []}, "operations=[]"),
+        ({"targets": "by_operation", "operations": ["+", "+"]}, "operations=['+', '+']"),
+        ({"operations": ["+", "-"]}, "operations applies with targets: by_operation"),
         ({"count": 1}, "count=1: use 2..6"),
         ({"count": [3, "x"]}, "count=[3, 'x']"),
         ({"max_number": 0}, "max_number=0"),
