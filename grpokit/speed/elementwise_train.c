@@ -98,6 +98,25 @@ void silu_mul_backward_##SFX(const T_* dy, const T_* g, const T_* u, T_* dg, T_*
         }                                                                                     \
         if (du) du[i] = STORE(d * ROUND(a / e));                                              \
     }                                                                                         \
+}                                                                                             \
+                                                                                              \
+/* silu_mul_backward's dg and du and, in the same pass, y as silu_mul_forward writes it:    \
+ * for a product whose weight gradient needs y again after its input gradient dy is known   \
+ * (the down projection); one exp and one read of g, u an element. The six arrays are        \
+ * distinct (simd: GCC otherwise checks their overlap at run time, and with six pointers it  \
+ * gives up vectorizing: 17 ms against 2.5 for (2171, 1536) bf16). */                        \
+void silu_mul_backward_remake_##SFX(const T_* dy, const T_* g, const T_* u, T_* y, T_* dg,   \
+                                    T_* du, long n) {                                         \
+    _Pragma("omp parallel for simd schedule(static) if (n >= 65536)")                         \
+    for (long i = 0; i < n; i++) {                                                            \
+        float a = LOAD(g[i]), d = LOAD(dy[i]), b = LOAD(u[i]);                                \
+        float e = 1.f + exp_poly(-a);                                                         \
+        float s = 1.f / e;                                                                    \
+        float sg = ROUND(a / e);                                                              \
+        y[i] = STORE(sg * b);                                                                 \
+        dg[i] = STORE(ROUND(d * b) * s * (1.f + a * (1.f - s)));                              \
+        du[i] = STORE(d * sg);                                                                \
+    }                                                                                         \
 }
 
 DEFINE_ROPE_ROWS(bf16, uint16_t, from_bf16, to_bf16, round_bf16)

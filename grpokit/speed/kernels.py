@@ -120,6 +120,14 @@ def _declare(lib: ctypes.CDLL) -> None:
                                   long_, ptr, long_, long_, f, ptr, ptr, i, long_],
         "decode_add_rms": [ptr, ptr, ptr, f, ptr, i, i],
         "decode_silu_mul": [ptr, ptr, i, i],
+        "keep_times": [ptr, ptr, long_, ptr],
+        "rope_forward": [ptr, long_, long_, long_, i, i, i, i, ptr, ptr, long_, long_, ptr,
+                         long_, long_, long_],
+        "rope_backward": [ptr, long_, long_, long_, i, i, i, i, ptr, ptr, long_, long_, ptr,
+                          long_, long_, long_],
+        "silu_mul_forward": [ptr, ptr, ptr, long_],
+        "silu_mul_backward": [ptr] * 5 + [long_],
+        "silu_mul_backward_remake": [ptr] * 6 + [long_],
     }  # fmt: skip
     for name, args in signatures.items():
         for suffix in ("bf16", "f32"):
@@ -135,9 +143,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dropout_keep.restype = None
     lib.transpose_u16.argtypes, lib.transpose_u16.restype = [ptr, long_, long_, long_, ptr], None
     lib.sum_bf16_as_f32.argtypes, lib.sum_bf16_as_f32.restype = [ptr, i, long_, ptr], None
-    for suffix in ("bf16", "f32"):
-        fn = getattr(lib, f"keep_times_{suffix}")
-        fn.argtypes, fn.restype = [ptr, ptr, long_, ptr], None
     lib.attention_grad_scores_amx_bf16.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f,
                                                                 ptr, ptr]  # fmt: skip
     lib.attention_grad_scores_amx_bf16.restype = i
@@ -161,15 +166,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes, fn.restype = [ptr, ptr, f, ptr, ptr, long_, i], None
         fn = getattr(lib, f"rms_norm_backward_{suffix}")
         fn.argtypes, fn.restype = [ptr] * 6 + [long_, i], i
-        for name in ("rope_forward", "rope_backward"):
-            fn = getattr(lib, f"{name}_{suffix}")
-            fn.argtypes = [ptr, long_, long_, long_, i, i, i, i, ptr, ptr, long_, long_,
-                           ptr, long_, long_, long_]  # fmt: skip
-            fn.restype = None
-        fn = getattr(lib, f"silu_mul_forward_{suffix}")
-        fn.argtypes, fn.restype = [ptr, ptr, ptr, long_], None
-        fn = getattr(lib, f"silu_mul_backward_{suffix}")
-        fn.argtypes, fn.restype = [ptr] * 5 + [long_], None
 
 
 def _load() -> ctypes.CDLL | None:
@@ -883,6 +879,19 @@ def silu_mul_backward(dy, g, u, need_g: bool = True, need_u: bool = True):
         None if dg is None else dg.data_ptr(), None if du is None else du.data_ptr(), g.numel(),
     )  # fmt: skip
     return dg, du
+
+
+def silu_mul_backward_remake(dy, g, u, need_g: bool = True, need_u: bool = True):
+    """(``silu(g) * u``, d g, d u): :func:`silu_mul_backward`'s gradients (None where not
+    needed) and, from the same pass, :func:`silu_mul_forward`'s output again, bit for bit
+    (one exp and one read of ``g`` and ``u`` an element where the two calls made two)."""
+    dy = dy.to(g.dtype).contiguous()
+    y, dg, du = torch.empty_like(g), torch.empty_like(g), torch.empty_like(u)
+    getattr(_load(), f"silu_mul_backward_remake_{_SUFFIX[g.dtype]}")(
+        dy.data_ptr(), g.data_ptr(), u.data_ptr(), y.data_ptr(), dg.data_ptr(), du.data_ptr(),
+        g.numel(),
+    )  # fmt: skip
+    return y, dg if need_g else None, du if need_u else None
 
 
 def dropout_keep(shape, seed: int, k: int) -> torch.Tensor | None:

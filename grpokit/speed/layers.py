@@ -399,11 +399,75 @@ def shared_cast(x: torch.Tensor, layers, cast: bool = True) -> tuple[torch.Tenso
     return SharedCastLinears.apply(x, cdtype, *ws, *(_cast(w, cdtype) for w in ws))
 
 
+class SwiGLUDown(torch.autograd.Function):
+    """``down(silu(g) * u)`` for a bias-free down projection under CPU autocast, with ``g``
+    and ``u`` in the autocast dtype: keeps ``g``, ``u`` and the weight's cast, not the
+    product ``silu(g) * u``. The backward computes the product's gradient first, then one C
+    pass makes ``silu(g) * u`` again together with ``g``'s and ``u``'s gradients (one exp and
+    one read of ``g`` and ``u`` an element; :class:`SiLUMul` and the recomputation of its
+    output made two), then the weight's gradient from it (:func:`weight_grad`). The same
+    operations on the same values as :class:`SiLUMul` followed by
+    ``shared_cast(m, (down,), cast=False)`` with ``m`` recomputed: the same numbers, bit for
+    bit."""
+
+    @staticmethod
+    def forward(ctx, g, u, weight, wc):
+        m = kernels.silu_mul_forward(g, u)
+        with torch.autocast(g.device.type, enabled=False):
+            y = F.linear(m, wc)
+        ctx.save_for_backward(g, u, wc)
+        ctx.w_dtype = weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        g, u, wc = ctx.saved_tensors
+        need_g, need_u, need_w = ctx.needs_input_grad[:3]
+        with torch.autocast(g.device.type, enabled=False):
+            dy = dy.to(wc.dtype)
+            if need_g or need_u:
+                m, dg, du = kernels.silu_mul_backward_remake(dy.matmul(wc), g, u, need_g, need_u)
+            else:
+                m, dg, du = kernels.silu_mul_forward(g, u), None, None
+            dw = None
+            if need_w:
+                dw = weight_grad(dy.reshape(-1, dy.shape[-1]), m.reshape(-1, m.shape[-1]))
+                dw = dw.to(ctx.w_dtype)
+        return dg, du, dw, None
+
+
+# SwiGLUDown where it applies (False: SiLUMul, then the down projection; for comparisons)
+FUSED_SWIGLU_DOWN = True
+
+
+def swiglu_down(g: torch.Tensor, u: torch.Tensor, down) -> torch.Tensor | None:
+    """``down(silu(g) * u)`` through :class:`SwiGLUDown` where it applies (a gradient
+    recorded, CPU autocast to ``g``'s and ``u``'s dtype, ``down`` a plain bias-free
+    ``nn.Linear`` with a float weight, the C kernels for them); None elsewhere."""
+    dev = g.device.type
+    if not (FUSED_SWIGLU_DOWN and USE_SILU_KERNEL and torch.is_grad_enabled() and dev == "cpu"):
+        return None
+    if not torch.is_autocast_enabled(dev) or type(down) is not torch.nn.Linear:
+        return None
+    cdtype, w = torch.get_autocast_dtype(dev), down.weight
+    if down.bias is not None or g.dtype != cdtype or not w.is_floating_point():
+        return None
+    if not (g.requires_grad or u.requires_grad or w.requires_grad):
+        return None
+    if w.shape[1] != g.shape[-1] or not kernels.silu_mul_applies(g, u):
+        return None
+    return SwiGLUDown.apply(g, u, w, _cast(w, cdtype))
+
+
 def _lean_forward(self, x):
     """Llama's MLP, keeping gate and up (:class:`SiLUMul`) and not the down projection's
     input, which the backward makes again from them; under autocast gate and up share one
-    cast of ``x`` (:func:`shared_cast`), kept once, not twice."""
+    cast of ``x`` (:func:`shared_cast`), kept once, not twice, and the down projection's
+    backward remakes its input in the pass of SiLU's backward (:func:`swiglu_down`)."""
     g, u = shared_cast(x, (self.gate_proj, self.up_proj)) or (self.gate_proj(x), self.up_proj(x))
+    out = swiglu_down(g, u, self.down_proj)
+    if out is not None:
+        return out
     m = silu_mul(g, u)
     with recomputed_when_saved(m, lambda: silu_times(g.detach(), u.detach())):  # the same pass
         out = shared_cast(m, (self.down_proj,), cast=False)  # (its weight's gradient, faster)

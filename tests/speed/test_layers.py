@@ -453,3 +453,40 @@ def test_weight_grad_transposes_the_narrower_gradient_first(monkeypatch):
     monkeypatch.setattr(layers, "TRANSPOSED_WEIGHT_GRAD", False)
     assert layers.transposer() is None
     assert torch.equal(layers.weight_grad(gy, x), gy.t() @ x)
+
+
+@pytest.mark.parametrize("frozen_mlp", [False, True], ids=["trained", "frozen-down"])
+def test_swiglu_down_same_numbers_as_silu_mul_then_down(frozen_mlp, monkeypatch):
+    """Under bf16 autocast with the C kernels, the fused SwiGLU + down projection gives the
+    logits and every gradient of SiLUMul followed by the down projection bit for bit, keeps
+    the same tensors, and is what the MLPs run (a frozen down weight: no weight gradient)."""
+    if not kernels.silu_mul_applies(torch.zeros(2), torch.zeros(2)):
+        pytest.skip("no C kernels here")
+    model = _llama()
+    if frozen_mlp:
+        for m in gated_silu_mlps(model):
+            m.down_proj.weight.requires_grad_(False)
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(2))
+    monkeypatch.setattr(layers, "FUSED_SWIGLU_DOWN", False)
+    out0, g0, kept0 = _run(model, ids, lean=True, amp=True)
+    monkeypatch.setattr(layers, "FUSED_SWIGLU_DOWN", True)
+    seen = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, a, out: seen.append(type(out.grad_fn).__name__) if m in mlps else None
+    )
+    mlps = set(gated_silu_mlps(model))
+    try:
+        out1, g1, kept1 = _run(model, ids, lean=True, amp=True)
+    finally:
+        hook.remove()
+    assert seen == ["SwiGLUDownBackward"] * SHAPE["num_hidden_layers"]
+    assert torch.equal(out0, out1) and kept0 == kept1
+    assert g0.keys() == g1.keys() and len(g0) > 0
+    assert (
+        not any("down_proj" in n for n in g1) if frozen_mlp else any("down_proj" in n for n in g1)
+    )
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n
+    # no gradient recorded: the plain C forward (nothing to fuse)
+    with torch.no_grad(), lean_layers(model), torch.autocast("cpu", torch.bfloat16):
+        assert torch.equal(model(input_ids=ids).logits, out1)
