@@ -203,7 +203,7 @@ class HealthMonitor:
         acc, r = _num(m.get(SAMPLED_ACC, m.get("accuracy"))), _num(m.get("reward"))
         why = f"; train accuracy {acc:.0%}" if acc is not None else ""
         why += f", mean reward {_g(r)}" if r is not None else ""
-        solved = self._solved(m, need)
+        solved = self._solved(need)
         if solved is not None:
             line = (
                 f"frac_reward_zero_std >= {_g(th)} for {need} steps (now {_g(f)}): the model "
@@ -252,7 +252,7 @@ class HealthMonitor:
             f"mean token entropy {_g(e)} (start {_g(ref)}; alert below "
             f"{_g(low)} or {_g(drop)}x under the start, {need} steps): "
         )
-        acc = self._solved(m, need)
+        acc = self._solved(need)
         if acc is not None:  # converged, not collapsed: the advice is to stop, not to explore
             return True, head + (
                 f"the policy is near-deterministic because it solves the training prompts "
@@ -329,14 +329,14 @@ class HealthMonitor:
         n = min(need, len(self.hist.get("accuracy") or []))
         return f"train accuracy {acc:.0%}" + (f" over the last {n} steps" if n > 1 else "")
 
-    def _solved(self, m, need: int) -> float | None:
+    def _solved(self, need: int) -> float | None:
         """The mean train accuracy over the ``need`` steps an alert looked at (fewer when the
         run has logged fewer) when it is at least solved_accuracy, else None. Those steps, not
         the last one: with a few prompts a step, a policy that writes one template is right on
         every prompt of some steps (both prompts of the kind the template solves), which is
         not solving the task."""
-        hist = (self.hist.get("accuracy") or [])[-max(1, need) :]
-        if _num(m.get(SAMPLED_ACC, m.get("accuracy"))) is None or not hist:
+        hist = (self.hist.get("accuracy") or [])[-max(1, need) :]  # [] when this step has none
+        if not hist:
             return None
         acc = sum(hist) / len(hist)
         return acc if acc >= self.p["solved_accuracy"] else None
@@ -374,7 +374,7 @@ class HealthMonitor:
         f, beta = _num(m.get("frac_reward_zero_std")), _num(self.s.get("beta")) or 0.0
         g = _num(m.get("grad_norm"))
         head = f"loss is exactly 0 for {need} steps"
-        if f == 1.0 and beta == 0.0 and self._solved(m, need) is not None:
+        if f == 1.0 and beta == 0.0 and self._solved(need) is not None:
             line = (
                 f"{head}, as expected here: the model solves every training prompt, so every "
                 "group's rewards are equal, every advantage is 0, and beta is 0 (no KL term); "
