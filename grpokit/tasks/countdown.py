@@ -233,7 +233,7 @@ class CountdownTask(Task):
                 f"task countdown: operations={ops!r}: use a list of distinct operations from "
                 '["+", "-", "*", "/"]'
             )
-        if list(ops) != list(OPERATIONS) and self.p["targets"] != "by_operation":
+        if set(ops) != set(OPERATIONS) and self.p["targets"] != "by_operation":
             raise TaskDataError(
                 "task countdown: operations applies with targets: by_operation (the operation "
                 "each target is drawn for); set targets: by_operation or drop operations"

@@ -391,6 +391,8 @@ def test_operations_restrict_the_operation_targets_are_drawn_for():
     for r in t.build("train") + t.build("test"):
         a, b = r["nums"]
         assert r["target"] == abs(a - b) and r["solution"].count("-") == 1, r
+    # all four in another order: nothing to restrict, so uniform targets accept it
+    get_task("countdown", train_size=5, test_size=5, operations=["/", "*", "-", "+"]).build("test")
 
 
 @pytest.mark.parametrize(
