@@ -175,7 +175,12 @@ class LocalTraining:
         pass
 
     def backward(self, model, loss: torch.Tensor) -> None:
-        loss.backward()
+        # the gradients accumulate into the kept buffers (optim.KeptGradients); the lean
+        # layers add their weights' into them themselves
+        from grpokit.speed.layers import weight_grads_into_grad
+
+        with weight_grads_into_grad():
+            loss.backward()
 
     def reduce_and_clip(self, model, params, max_norm: float) -> torch.Tensor:
         """Sum the gradients over ranks, clip them; the norm before clipping."""

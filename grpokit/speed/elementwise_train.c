@@ -230,3 +230,46 @@ void sum_bf16_as_f32(const uint16_t* const* p, int k, long n, float* out) {
     }
 }
 #pragma GCC pop_options
+
+/* bf16_into_f32: dst (float32, contiguous) = or += src (bf16, rows ld apart) widened, where
+ * the source is (R, C) and dst (R, C), or (C, R) when transposed: a weight's gradient from the
+ * product that makes it (in bf16, as autocast rounds it) added into the weight's float32
+ * gradient, or made one, in one pass. What autograd does with it is a float32 cast, then an
+ * add into the gradient (two passes, a float32 temporary; the same sums). Transposed: the
+ * product made the gradient's transpose (x^T g, grpokit/speed/layers.py's weight_grads),
+ * turned in 16 x 16 blocks by transpose_block16. */
+static inline void widen_into(const uint16_t* s, float* d, long n, int add) {
+    if (add)
+        for (long k = 0; k < n; k++) d[k] += from_bf16(s[k]);
+    else
+        for (long k = 0; k < n; k++) d[k] = from_bf16(s[k]);
+}
+
+void bf16_into_f32(const uint16_t* src, long R, long C, long ld, int transposed, int add,
+                   float* dst) {
+    if (!transposed) {
+        _Pragma("omp parallel for schedule(static) if (R * C >= 65536)")
+        for (long i = 0; i < R; i++) widen_into(src + i * ld, dst + i * C, C, add);
+        return;
+    }
+    long RB = 0, CB = 0;
+#ifdef __AVX2__
+    RB = R / 16, CB = C / 16;
+    _Pragma("omp parallel for schedule(static) if (R * C >= 65536)")
+    for (long cb = 0; cb < CB; cb++) {
+        uint16_t t[16 * 16];
+        for (long rb = 0; rb < RB; rb++) {
+            transpose_block16(src + rb * 16 * ld + cb * 16, ld, t, 16);
+            for (int j = 0; j < 16; j++)
+                widen_into(t + j * 16, dst + (cb * 16 + j) * R + rb * 16, 16, add);
+        }
+    }
+#endif
+    for (long j = 0; j < C; j++) {  /* what the blocks left: the last rows, the last columns */
+        long i0 = j < CB * 16 ? RB * 16 : 0;
+        for (long i = i0; i < R; i++) {
+            float v = from_bf16(src[i * ld + j]);
+            dst[j * R + i] = add ? dst[j * R + i] + v : v;
+        }
+    }
+}

@@ -143,6 +143,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dropout_keep.restype = None
     lib.transpose_u16.argtypes, lib.transpose_u16.restype = [ptr, long_, long_, long_, ptr], None
     lib.sum_bf16_as_f32.argtypes, lib.sum_bf16_as_f32.restype = [ptr, i, long_, ptr], None
+    lib.bf16_into_f32.argtypes = [ptr, long_, long_, long_, i, i, ptr]
+    lib.bf16_into_f32.restype = None
     lib.attention_grad_scores_amx_bf16.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f,
                                                                 ptr, ptr]  # fmt: skip
     lib.attention_grad_scores_amx_bf16.restype = i
@@ -946,6 +948,43 @@ def transposed(x: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(C, R, dtype=x.dtype)
     if out.numel():
         lib.transpose_u16(x.data_ptr(), R, C, x.stride(0), out.data_ptr())
+    return out
+
+
+def into_float(
+    src: torch.Tensor, dst: torch.Tensor | None, transposed: bool
+) -> torch.Tensor | None:
+    """``dst += src.float()`` (``src.t()`` when ``transposed``), or a new float32 tensor of it
+    where ``dst`` is None, for a 2-D bf16 CPU ``src`` whose rows are contiguous (a column slice
+    too) and a contiguous float32 ``dst`` of the result's shape, in one C pass
+    (``elementwise_train.c``'s bf16_into_f32: the same float32 values and sums as the cast and
+    the add, bit for bit). None where that does not apply (nothing written)."""
+    R, C = src.shape if src.dim() == 2 else (0, 0)
+    shape = (C, R) if transposed else (R, C)
+    if (
+        src.dim() != 2
+        or src.dtype != torch.bfloat16
+        or src.device.type != "cpu"
+        or (src.stride(1) != 1 and C > 1)
+        or src.stride(0) < C
+    ):
+        return None
+    if dst is not None and not (
+        dst.dtype == torch.float32
+        and dst.device.type == "cpu"
+        and dst.is_contiguous()
+        and tuple(dst.shape) == shape
+    ):
+        return None
+    lib = _load()
+    if lib is None:
+        return None
+    out = torch.empty(shape, dtype=torch.float32) if dst is None else dst
+    if out.numel():
+        lib.bf16_into_f32(
+            src.data_ptr(), R, C, src.stride(0), int(transposed), int(dst is not None),
+            out.data_ptr(),
+        )  # fmt: skip
     return out
 
 

@@ -275,7 +275,7 @@ class SharedCastLinears(torch.autograd.Function):
             xc = x.to(cdtype)
             outs = tuple(F.linear(xc, w) for w in ws)
         ctx.save_for_backward(xc, *ws)
-        ctx.x_dtype, ctx.w_dtypes = x.dtype, [w.dtype for w in weights]
+        ctx.x_dtype, ctx.weights = x.dtype, weights
         return outs
 
     @staticmethod
@@ -283,16 +283,19 @@ class SharedCastLinears(torch.autograd.Function):
         xc, *ws = ctx.saved_tensors
         parts, gws = [], [None] * len(ws)
         with torch.autocast(xc.device.type, enabled=False):
-            x2 = xc.reshape(-1, xc.shape[-1])
-            for i in reversed(range(len(ws))):  # autograd's order: the last layer's first
-                g = grads[i]
-                if g is None:
-                    continue
-                g = g.to(xc.dtype)
-                if ctx.needs_input_grad[0]:
-                    parts.append(g.matmul(ws[i]))
-                if ctx.needs_input_grad[2 + i]:
-                    gws[i] = weight_grad(g.reshape(-1, g.shape[-1]), x2).to(ctx.w_dtypes[i])
+            gs = [None if g is None else g.to(xc.dtype) for g in grads]
+            if ctx.needs_input_grad[0]:
+                for i in reversed(range(len(ws))):  # autograd's order: the last layer's first
+                    if gs[i] is not None:
+                        parts.append(gs[i].matmul(ws[i]))
+            wanted = [
+                i for i in range(len(ws)) if gs[i] is not None and ctx.needs_input_grad[2 + i]
+            ]
+            if wanted:
+                x2 = xc.reshape(-1, xc.shape[-1])
+                rows = [gs[i].reshape(-1, gs[i].shape[-1]) for i in wanted]
+                for i, gw in zip(wanted, weight_grads(rows, x2, [ctx.weights[i] for i in wanted])):
+                    gws[i] = gw
         return (_input_grad(parts, ctx.x_dtype), None, *gws, *[None] * len(ws))
 
 
@@ -318,28 +321,81 @@ def _input_grad(parts, dtype: torch.dtype) -> torch.Tensor | None:
     return gx
 
 
-# weight gradients g^T x with the narrower g transposed by a C pass first, on AMX (False:
-# oneDNN's product of the transposed view everywhere; for comparisons)
+# weight gradients on AMX from products of two plain operands, one of them transposed by a
+# C pass first (False: oneDNN's product of the transposed view everywhere; for comparisons)
 TRANSPOSED_WEIGHT_GRAD = True
 
+# weight gradients added into the weights' float32 .grad by one C pass in the backward,
+# inside weight_grads_into_grad (False: handed to autograd, which casts and adds them)
+OWN_GRAD_ACCUMULATION = True
+_INTO_GRAD = [0]
 
-def weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``g.t() @ x`` for a linear layer's (tokens, out) output gradient ``g`` and (tokens,
-    in) input ``x``: the gradient of its (out, in) weight. oneDNN on AMX multiplies a
-    transposed first operand at half its rate or less for some shapes: where ``g`` has fewer
-    columns than ``x`` (a down projection's 576 x 1536, k/v's 192 x 576: 5.0 -> 2.2 and 0.80
-    -> 0.52 ms for 2,064 tokens, Intel Xeon family 6 model 167, 2 threads; q/o's square
-    576 x 576 and gate/up's 1536 x 576 gain nothing or lose), ``g`` is transposed first by one C
-    pass (``kernels.transposed``) and the product reads two plain operands. The same
-    products, summed by oneDNN in another order: the result can differ in its last bit."""
-    transpose = transposer() if g.shape[1] < x.shape[1] else None
-    gt = None if transpose is None else transpose(g)
-    return g.t().mm(x) if gt is None else gt.mm(x)
+
+@contextlib.contextmanager
+def weight_grads_into_grad():
+    """Inside the block, :class:`SharedCastLinears` and :class:`SwiGLUDown` add their weights'
+    gradients into the weights' float32 ``.grad`` themselves, in one C pass
+    (``kernels.into_float``), and hand autograd none for them: what autograd does with
+    them is a float32 cast of the bf16 gradient and an in-place add into ``.grad`` (two
+    passes and a temporary; the same sums, bit for bit). For a backward that accumulates
+    into ``.grad`` (``loss.backward()``), never ``torch.autograd.grad``; a weight without a
+    float32 ``.grad`` of its shape, or with hooks, gets its gradient from autograd as ever."""
+    _INTO_GRAD[0] += 1
+    try:
+        yield
+    finally:
+        _INTO_GRAD[0] -= 1
+
+
+def _grad_to_add_into(w: torch.Tensor) -> torch.Tensor | None:
+    """``w.grad`` where the backward may add ``w``'s gradient into it itself, else None."""
+    if not (OWN_GRAD_ACCUMULATION and _INTO_GRAD[0]) or not w.is_leaf:
+        return None
+    g = w.grad
+    if g is None or w._backward_hooks or w._post_accumulate_grad_hooks:
+        return None
+    if g.layout != torch.strided or g.dtype != torch.float32 or not g.is_contiguous():
+        return None
+    return g if g.shape == w.shape else None
+
+
+def weight_grads(gs: list[torch.Tensor], x: torch.Tensor, weights: list) -> list:
+    """The weight gradients ``g.t() @ x`` of bias-free linear layers reading one (tokens,
+    in) input ``x`` in bf16, for their (tokens, out) output gradients ``gs`` and their
+    ``weights``: a gradient in the weight's dtype for each, or None for one added into the
+    weight's ``.grad`` here (:func:`weight_grads_into_grad`). oneDNN on AMX multiplies a
+    transposed first operand at half its rate or less for these shapes, so there (unless
+    :data:`TRANSPOSED_WEIGHT_GRAD` is off) one operand is transposed by a C pass first
+    (``kernels.transposed``) and the product reads two plain ones: a ``g`` with fewer
+    columns than ``x`` itself (a down projection's 576 x 1536, k/v's 192 x 576: 5.0 -> 2.2 and
+    0.80 -> 0.52 ms for 2,064 tokens), else ``x``, once for all the layers, and the product is
+    the gradient's transpose ``x.t() @ g`` (gate/up's 1536 x 576: 6.0-6.4 -> 4.2-4.3 ms for
+    both with x's transpose, q/o's 576 x 576: 1.6 -> 1.4; Intel Xeon family 6 model 167, 2
+    threads), turned back in the pass that widens it to float32. The same products, summed by
+    oneDNN in another order: a result can differ in its last bit."""
+    transpose, xt, out = transposer(), None, []
+    for g, w in zip(gs, weights):
+        flip = False
+        if transpose is None:
+            p = g.t().mm(x)
+        elif g.shape[1] < x.shape[1]:
+            p = transpose(g).mm(x)
+        else:
+            xt = transpose(x) if xt is None else xt
+            p, flip = xt.mm(g), True
+        into = _grad_to_add_into(w)
+        if into is not None and kernels.into_float(p, into, flip) is not None:
+            torch.autograd.graph.increment_version(into)  # "reached" (KeptGradients)
+            out.append(None)
+            continue
+        made = kernels.into_float(p, None, flip) if w.dtype == torch.float32 else None
+        out.append(made if made is not None else (p.t() if flip else p).to(w.dtype).contiguous())
+    return out
 
 
 def transposer():
     """``kernels.transposed`` where weight gradients take their first operand transposed by
-    it (:func:`weight_grad`; the output layer's blocks, ``grpokit.algo.linear_logprobs``'s
+    it (:func:`weight_grads`; the output layer's blocks, ``grpokit.algo.linear_logprobs``'s
     ``transpose``): on AMX, unless :data:`TRANSPOSED_WEIGHT_GRAD` is off. Else None."""
     return kernels.transposed if TRANSPOSED_WEIGHT_GRAD and kernels.amx_products() else None
 
@@ -382,7 +438,7 @@ def shared_cast(x: torch.Tensor, layers, cast: bool = True) -> tuple[torch.Tenso
     (so each layer would cast and keep its own copy), every layer a plain bias-free
     ``nn.Linear`` over ``x``'s features with float weights of one dtype. None elsewhere.
     ``cast=False``: also for an ``x`` already in the autocast dtype (nothing is shared then;
-    the weights' gradients come from :func:`weight_grad`)."""
+    the weights' gradients come from :func:`weight_grads`)."""
     dev = x.device.type
     if not (torch.is_grad_enabled() and dev == "cpu" and torch.is_autocast_enabled(dev)):
         return None
@@ -405,7 +461,7 @@ class SwiGLUDown(torch.autograd.Function):
     product ``silu(g) * u``. The backward computes the product's gradient first, then one C
     pass makes ``silu(g) * u`` again together with ``g``'s and ``u``'s gradients (one exp and
     one read of ``g`` and ``u`` an element; :class:`SiLUMul` and the recomputation of its
-    output made two), then the weight's gradient from it (:func:`weight_grad`). The same
+    output made two), then the weight's gradient from it (:func:`weight_grads`). The same
     operations on the same values as :class:`SiLUMul` followed by
     ``shared_cast(m, (down,), cast=False)`` with ``m`` recomputed: the same numbers, bit for
     bit."""
@@ -416,7 +472,7 @@ class SwiGLUDown(torch.autograd.Function):
         with torch.autocast(g.device.type, enabled=False):
             y = F.linear(m, wc)
         ctx.save_for_backward(g, u, wc)
-        ctx.w_dtype = weight.dtype
+        ctx.weight = weight
         return y
 
     @staticmethod
@@ -431,8 +487,8 @@ class SwiGLUDown(torch.autograd.Function):
                 m, dg, du = kernels.silu_mul_forward(g, u), None, None
             dw = None
             if need_w:
-                dw = weight_grad(dy.reshape(-1, dy.shape[-1]), m.reshape(-1, m.shape[-1]))
-                dw = dw.to(ctx.w_dtype)
+                dy2, m2 = dy.reshape(-1, dy.shape[-1]), m.reshape(-1, m.shape[-1])
+                (dw,) = weight_grads([dy2], m2, [ctx.weight])
         return dg, du, dw, None
 
 
@@ -479,9 +535,11 @@ def _shared_qkv(attn) -> list:
     their input (:func:`shared_cast`): ``q_proj`` computes all three and hands k and v to
     ``k_proj`` and ``v_proj`` when they are called next on the same input, as Llama's
     attention forward does (checked by its code in :func:`qkv_attentions`); any other call
-    runs the layer's own product."""
+    runs the layer's own product. ``o_proj`` (whose input is already in the autocast dtype)
+    runs through it too, with nothing to share: for its weight's gradient
+    (:func:`weight_grads`)."""
     handed: dict = {}
-    q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+    q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
 
     def q_forward(self, x):
         handed.clear()
@@ -502,7 +560,12 @@ def _shared_qkv(attn) -> list:
 
         return forward
 
-    return [(q, q_forward), (k, handed_on("k")), (v, handed_on("v"))]
+    def o_forward(self, x):
+        out = shared_cast(x, (self,), cast=False)
+        return F.linear(x, self.weight, self.bias) if out is None else out[0]
+
+    swaps = [(q, q_forward), (k, handed_on("k")), (v, handed_on("v"))]
+    return swaps + [(o, o_forward)] if type(o) is torch.nn.Linear else swaps
 
 
 def qkv_attentions(model) -> list[torch.nn.Module]:

@@ -116,6 +116,41 @@ def test_same_values_and_gradients_with_less_kept(amp, lora, rms_kernel, monkeyp
     assert len(projections) == (0 if lora else 3 * L)
 
 
+@pytest.mark.skipif(not kernels.available(), reason="no C kernels here")
+def test_weight_grads_added_by_the_layers_same_as_autograd(monkeypatch):
+    """Two micro-batches' backwards into kept float32 gradient buffers (optim.KeptGradients),
+    under bf16 autocast with the lean layers: inside weight_grads_into_grad (the trainer's
+    backward) the seven linear layers' weights of each Llama layer get their gradients added
+    by the layers themselves (two additions each), and every gradient is the same as
+    autograd's cast-and-add outside the block, bit for bit."""
+    added = []
+    into_float = kernels.into_float
+
+    def counted(src, dst, transposed):
+        if dst is not None:
+            added.append(tuple(dst.shape))
+        return into_float(src, dst, transposed)
+
+    monkeypatch.setattr(kernels, "into_float", counted)
+    model = _llama()
+    ids = torch.randint(0, 97, (2, 3, 11), generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for own in (False, True):
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        for mb in ids:
+            with lean_layers(model), torch.autocast("cpu", torch.bfloat16):
+                out = model(input_ids=mb).logits
+            block = layers.weight_grads_into_grad() if own else contextlib.nullcontext()
+            with block:
+                (out.float() ** 2).mean().backward()
+        grads[own] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert len(added) == 2 * 7 * SHAPE["num_hidden_layers"]
+    for n, g in grads[False].items():
+        assert torch.equal(g, grads[True][n]), n
+    assert any(g.abs().sum() > 0 for g in grads[True].values())
+
+
 def _closer_to_float32(model, ids, peft, lean):
     """Under bf16 autocast PEFT rounds B's output, its scaled copy and the sum with the base
     output to bf16 one after the other; the lean layer's ``addmm`` rounds once: its logits and
@@ -426,12 +461,13 @@ def test_frozen_linear_casts_once_and_again_after_a_change():
     assert "forward" not in model[0].__dict__  # the layer is itself again after the block
 
 
-def test_weight_grad_transposes_the_narrower_gradient_first(monkeypatch):
-    """weight_grad gives g^T x; where the transposer applies (on AMX; forced here) a gradient
-    with fewer columns than the input (a down projection, k/v) is copied transposed first and
-    the product reads plain operands: the same dot products, close to float64 as the plain
-    product is; a wider or square one keeps the transposed view (oneDNN's rate there is not
-    lower). Off (TRANSPOSED_WEIGHT_GRAD False) nothing is copied."""
+def test_weight_grads_transpose_the_narrower_operand_first(monkeypatch):
+    """weight_grads gives each g^T x in the weight's dtype; where the transposer applies (on
+    AMX; forced here) a gradient with fewer columns than the input (a down projection, k/v)
+    is copied transposed first, and for the others the input is, once for all of them, and
+    the product is the gradient's transpose: the same dot products, close to float64 as the
+    plain product is. Off (TRANSPOSED_WEIGHT_GRAD False) nothing is copied: the products of
+    the transposed views, widened to float32, bit for bit."""
     calls = []
 
     def transposed(a):
@@ -440,19 +476,53 @@ def test_weight_grad_transposes_the_narrower_gradient_first(monkeypatch):
 
     monkeypatch.setattr(layers, "transposer", lambda: transposed)
     g = torch.Generator().manual_seed(0)
-    gy = torch.randn(300, 24, generator=g).bfloat16()
     x = torch.randn(300, 80, generator=g).bfloat16()
-    got = layers.weight_grad(gy, x)
-    assert calls == [(300, 24)] and got.shape == (24, 80) and got.dtype == torch.bfloat16
-    exact = gy.double().t() @ x.double()
-    torch.testing.assert_close(got.double(), exact, rtol=2e-2, atol=5e-2)
-    torch.testing.assert_close(got, gy.t() @ x, rtol=2e-2, atol=5e-2)
-    assert torch.equal(layers.weight_grad(x, gy), x.t() @ gy) and calls == [(300, 24)]
-    assert torch.equal(layers.weight_grad(gy, gy), gy.t() @ gy) and calls == [(300, 24)]
+    gs = [torch.randn(300, n, generator=g).bfloat16() for n in (24, 80, 120)]
+    ws = [torch.zeros(n, 80, requires_grad=True) for n in (24, 80, 120)]
+    got = layers.weight_grads(gs, x, ws)
+    assert calls == [(300, 24), (300, 80)]  # the narrow gradient, then x once for two
+    for gw, gy, w in zip(got, gs, ws):
+        assert gw.shape == w.shape and gw.dtype == torch.float32 and gw.is_contiguous()
+        exact = gy.double().t() @ x.double()
+        torch.testing.assert_close(gw.double(), exact, rtol=2e-2, atol=5e-2)
+    half = [torch.zeros(24, 80, dtype=torch.bfloat16, requires_grad=True)]
+    (gh,) = layers.weight_grads(gs[:1], x, half)  # a bf16 weight: a bf16 gradient
+    assert gh.dtype == torch.bfloat16 and torch.equal(gh, got[0].bfloat16())
     monkeypatch.undo()
     monkeypatch.setattr(layers, "TRANSPOSED_WEIGHT_GRAD", False)
     assert layers.transposer() is None
-    assert torch.equal(layers.weight_grad(gy, x), gy.t() @ x)
+    for gw, gy in zip(layers.weight_grads(gs, x, ws), gs):
+        assert torch.equal(gw, (gy.t() @ x).float())
+
+
+@pytest.mark.skipif(not kernels.available(), reason="no C kernels here")
+def test_weight_grads_added_into_grad_inside_the_block():
+    """Inside weight_grads_into_grad a weight with a float32 .grad of its shape and no hooks
+    gets its gradient added into .grad here (bit for bit the cast and add autograd makes,
+    the transposed products too), None handed back and .grad's version counter moved (the
+    kept buffers' "reached"); outside the block, without .grad, or with a hook on the weight,
+    the gradient comes back as ever and .grad is untouched."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 80, generator=g).bfloat16()
+    gs = [torch.randn(300, n, generator=g).bfloat16() for n in (24, 80, 120)]
+    ws = [torch.zeros(n, 80, requires_grad=True) for n in (24, 80, 120)]
+    made = layers.weight_grads(gs, x, ws)  # outside the block: handed back
+    for w in ws:
+        w.grad = torch.randn(w.shape, generator=g)
+    before = [w.grad.clone() for w in ws]
+    versions = [w.grad._version for w in ws]
+    with layers.weight_grads_into_grad():
+        assert layers.weight_grads(gs, x, ws) == [None, None, None]
+    for w, b, m, v in zip(ws, before, made, versions):
+        assert torch.equal(w.grad, b + m) and w.grad._version > v
+    ws[1].register_post_accumulate_grad_hook(lambda p: None)
+    ws[2].grad = None
+    kept = ws[0].grad.clone()
+    with layers.weight_grads_into_grad():
+        out = layers.weight_grads(gs, x, ws)
+    assert out[0] is None and torch.equal(ws[0].grad, kept + made[0])
+    assert torch.equal(out[1], made[1]) and torch.equal(out[2], made[2]) and ws[2].grad is None
+    assert torch.equal(layers.weight_grads(gs[:1], x, ws[:1])[0], made[0])  # block closed
 
 
 @pytest.mark.parametrize("frozen_mlp", [False, True], ids=["trained", "frozen-down"])
