@@ -45,6 +45,20 @@
 
 /* Online-softmax state of up to MAX_Q float32 queries (row-major, MAX_D apart). */
 #define MAX_Q 64
+
+/* DEFINE_ATTEND reads a block's keys, computes, then reads its values: one stream at a time
+ * per thread, and a new 4 KiB page of each every block (a (row, head)'s 32 slots of 64 bf16),
+ * which the hardware prefetchers do not cross. With this on it asks for the block's value
+ * rows while it converts the keys, and for the next block's key rows while it converts the
+ * values, so both streams are in flight together. 1,024 slots, 32 rows x 3 key/value heads x
+ * 3 queries, 30 layers' caches (755 MB, past the caches): 55.5 -> 44.3 ms (13.6 -> 17.1 GB/s;
+ * a plain pass over as many bytes 27.5-29); prefetching whole blocks ahead instead (1 to 16)
+ * gained <= 4%. Intel Xeon family 6 model 167, 2 threads. 0: off (for comparisons). */
+int attend_prefetch = 1;
+
+static inline void prefetch_row(const void* row, int bytes) {
+    for (int x = 0; x < bytes; x += 64) __builtin_prefetch((const char*)row + x);
+}
 typedef struct {
     float acc[MAX_Q][MAX_D], mx[MAX_Q], sum[MAX_Q];
 } attn_state;
@@ -192,9 +206,11 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
             for (int b = 0; b < BLOCK; b++) {                                                 \
                 int on = b < nb && m[s0 + b];                                                 \
                 const T_* kr = kb + (s0 + b) * D;                                             \
-                if (on)                                                                       \
+                if (on) {                                                                     \
                     for (int d = 0; d < D; d++) kblk[b][d] = LOAD(kr[d]);                     \
-                else                                                                          \
+                    if (attend_prefetch) /* the slot's value row, read after the exps */      \
+                        prefetch_row(vb + (s0 + b) * D, D * (int)sizeof(T_));                 \
+                } else                                                                        \
                     for (int d = 0; d < D; d++) kblk[b][d] = 0.f;                             \
                 any |= on;                                                                    \
             }                                                                                 \
@@ -243,6 +259,8 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
                 if (!m[s0 + b]) continue;                                                     \
                 const T_* vr = vb + (s0 + b) * D;                                             \
                 for (int d = 0; d < D; d++) kblk[nv][d] = LOAD(vr[d]);                        \
+                if (attend_prefetch && s0 + BLOCK + b < S) /* the next block's key row */     \
+                    prefetch_row(kb + (s0 + BLOCK + b) * D, D * (int)sizeof(T_));             \
                 slot[nv++] = b;                                                               \
             }                                                                                 \
             if (D == 64)                                                                      \
