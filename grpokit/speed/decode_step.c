@@ -51,9 +51,10 @@
  * which the hardware prefetchers do not cross. With this on it asks for the block's value
  * rows while it converts the keys, and for the next block's key rows while it converts the
  * values, so both streams are in flight together. 1,024 slots, 32 rows x 3 key/value heads x
- * 3 queries, 30 layers' caches (755 MB, past the caches): 55.5 -> 44.3 ms (13.6 -> 17.1 GB/s;
- * a plain pass over as many bytes 27.5-29); prefetching whole blocks ahead instead (1 to 16)
- * gained <= 4%. Intel Xeon family 6 model 167, 2 threads. 0: off (for comparisons). */
+ * 3 queries, 30 layers' caches (755 MB, past the caches), alternating, two runs: 57.9-59.3
+ * -> 44.9-46.3 ms (13.0 -> 16.8 GB/s; a plain pass over as many bytes 27.5-29); prefetching
+ * whole blocks ahead instead (1 to 16) gained <= 4%. Intel Xeon family 6 model 167, 2
+ * threads. 0: off (for comparisons). */
 int attend_prefetch = 1;
 
 static inline void prefetch_row(const void* row, int bytes) {
