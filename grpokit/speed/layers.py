@@ -394,9 +394,10 @@ def weight_grads(gs: list[torch.Tensor], x: torch.Tensor, weights: list) -> list
 
 
 def transposer():
-    """``kernels.transposed`` where weight gradients take their first operand transposed by
-    it (:func:`weight_grads`; the output layer's blocks, ``grpokit.algo.linear_logprobs``'s
-    ``transpose``): on AMX, unless :data:`TRANSPOSED_WEIGHT_GRAD` is off. Else None."""
+    """``kernels.transposed`` where weight gradients have one operand transposed by it
+    before their product (:func:`weight_grads`: the narrower gradient or the layers' input;
+    the output layer's blocks, ``grpokit.algo.linear_logprobs``'s ``transpose``): on AMX,
+    unless :data:`TRANSPOSED_WEIGHT_GRAD` is off. Else None."""
     return kernels.transposed if TRANSPOSED_WEIGHT_GRAD and kernels.amx_products() else None
 
 
