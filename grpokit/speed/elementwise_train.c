@@ -215,20 +215,34 @@ void transpose_u16(const uint16_t* src, long R, long C, long ld, uint16_t* dst) 
  * widened to float32 and added in that order, every sum rounded to float32: what
  * ``p[0].float()``, then ``.add_(p[i].float())`` for i = 1.. computes (bit for bit; no
  * reassociation here), in one pass where those are 2k - 1 (the input gradient of layers
- * sharing one input: grpokit/speed/layers.py's SharedCastLinears). */
+ * sharing one input: grpokit/speed/layers.py's SharedCastLinears). m: NULL, or k uint8 0/1
+ * masks of n, NULL for a part without one: a masked part is p[j] * m[j] (keep_times' values:
+ * a LoRA adapter's input gradient through its dropout), with no pass of its own. The widening
+ * is written out here: GCC does not inline from_bf16 (other optimize options) into this
+ * region, and a call an element kept the loops scalar. */
 #pragma GCC push_options
 #pragma GCC optimize("no-associative-math")
-void sum_bf16_as_f32(const uint16_t* const* p, int k, long n, float* out) {
+#define WIDEN_BF16(v) ({ union { uint32_t u; float f; } c_; c_.u = (uint32_t)(v) << 16; c_.f; })
+void sum_bf16_as_f32(const uint16_t* const* p, const uint8_t* const* m, int k, long n,
+                     float* out) {
     _Pragma("omp parallel for schedule(static) if (n >= 65536)")
     for (long b = 0; b < n; b += 1024) {
         long e = b + 1024 < n ? b + 1024 : n;
-        for (long i = b; i < e; i++) out[i] = from_bf16(p[0][i]);
-        for (int j = 1; j < k; j++) {
+        for (int j = 0; j < k; j++) {
             const uint16_t* q = p[j];
-            for (long i = b; i < e; i++) out[i] += from_bf16(q[i]);
+            const uint8_t* mj = m ? m[j] : NULL;
+            if (j == 0 && mj)
+                for (long i = b; i < e; i++) out[i] = WIDEN_BF16(q[i]) * (float)mj[i];
+            else if (j == 0)
+                for (long i = b; i < e; i++) out[i] = WIDEN_BF16(q[i]);
+            else if (mj)
+                for (long i = b; i < e; i++) out[i] += WIDEN_BF16(q[i]) * (float)mj[i];
+            else
+                for (long i = b; i < e; i++) out[i] += WIDEN_BF16(q[i]);
         }
     }
 }
+#undef WIDEN_BF16
 #pragma GCC pop_options
 
 /* bf16_into_f32: dst (float32, contiguous) = or += src (bf16, rows ld apart) widened, where

@@ -142,7 +142,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.dropout_keep.argtypes = [long_, ctypes.c_uint64, ctypes.c_uint64, ptr]
     lib.dropout_keep.restype = None
     lib.transpose_u16.argtypes, lib.transpose_u16.restype = [ptr, long_, long_, long_, ptr], None
-    lib.sum_bf16_as_f32.argtypes, lib.sum_bf16_as_f32.restype = [ptr, i, long_, ptr], None
+    lib.sum_bf16_as_f32.argtypes, lib.sum_bf16_as_f32.restype = [ptr, ptr, i, long_, ptr], None
     lib.bf16_into_f32.argtypes = [ptr, long_, long_, long_, i, i, ptr]
     lib.bf16_into_f32.restype = None
     lib.attention_grad_scores_amx_bf16.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f,
@@ -988,16 +988,26 @@ def into_float(
     return out
 
 
-def summed_as_float(parts) -> torch.Tensor | None:
+def summed_as_float(parts, masks=None) -> torch.Tensor | None:
     """``parts[0].float()`` then ``.add_(p.float())`` for each later part, for bf16 CPU tensors
     of one shape, contiguous, in one C pass (the same float32 sums in the same order, bit for
-    bit); None where that does not apply."""
+    bit); with ``masks`` (a uint8 0/1 tensor of that shape or None for each part) each masked
+    part is ``p * mask`` first (as :func:`keep_times` makes it), in the same pass. None where
+    that does not apply."""
     first = parts[0]
+    masks = [None] * len(parts) if masks is None else list(masks)
     if not (
         first.dtype == torch.bfloat16
         and first.device.type == "cpu"
+        and len(masks) == len(parts)
         and all(p.dtype == first.dtype and p.shape == first.shape for p in parts)
         and all(p.device.type == "cpu" and p.is_contiguous() for p in parts)
+        and all(
+            m is None
+            or (m.dtype == torch.uint8 and m.shape == first.shape and m.is_contiguous())
+            and m.device.type == "cpu"
+            for m in masks
+        )
     ):
         return None
     lib = _load()
@@ -1005,5 +1015,10 @@ def summed_as_float(parts) -> torch.Tensor | None:
         return None
     out = torch.empty(first.shape, dtype=torch.float32)
     ptrs = (ctypes.c_void_p * len(parts))(*(p.data_ptr() for p in parts))
-    lib.sum_bf16_as_f32(ptrs, len(parts), out.numel(), out.data_ptr())
+    mptrs = None
+    if any(m is not None for m in masks):
+        mptrs = (ctypes.c_void_p * len(parts))(
+            *(None if m is None else m.data_ptr() for m in masks)
+        )
+    lib.sum_bf16_as_f32(ptrs, mptrs, len(parts), out.numel(), out.data_ptr())
     return out

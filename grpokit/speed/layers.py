@@ -32,7 +32,11 @@ adapter's scaling are one scalar inside B's product, which also adds the base la
 (``addmm``): no elementwise pass scales the (tokens, in) input or the (tokens, out) output.
 Values and gradients equal PEFT's for a given mask up to float rounding (products summed in
 another order); the masks themselves come from another generator than PEFT's, so a run with
-LoRA dropout draws other (equally likely) masks than PEFT would.
+LoRA dropout draws other (equally likely) masks than PEFT would. Under bf16 autocast the LoRA
+layers of q/k/v and of gate/up run through :class:`SharedCastLinears` instead (o and down
+too): the base layers and the adapters' A products read one bf16 cast of their input, each
+mask applied to that cast, and the input's gradient parts (the adapters' masked) summed in one
+C pass; the same numbers as :class:`DropoutLinear`'s path, bit for bit, on the same masks.
 
 :func:`lean_layers` swaps these into a model for the duration of a block: the MLPs whose
 forward is Llama's (Llama, Mistral, Qwen2/3, SmolLM3, OLMo share it, checked by its code),
@@ -263,40 +267,117 @@ class SharedCastLinears(torch.autograd.Function):
     shared-prompt forward's keys and values go through the cache first): the sum's rounding
     can then differ in its last bit, and the run's later numbers with it.
 
+    A layer may carry a LoRA adapter (``adapters[i]``: its dropout probability and scaling;
+    its base weight frozen): ``base(x) + scaling * B(A(dropout(x)))`` as PEFT computes it,
+    from the same one cast: the dropout's 0/1 mask (:func:`keep_mask`, drawn in the layers'
+    order as :class:`DropoutLinear` draws them) applied to the cast (``bf16(x) * keep`` is
+    ``bf16(x * keep)``), its ``1 / (1 - p)`` folded into the scaling inside B's product,
+    which adds into the base layer's output (``addmm_``). In the backward the adapter's input
+    gradient (masked) joins the parts of the one float32 sum. Where every q/k/v (gate/up)
+    carries one, this removes per layer and micro-batch the second cast of the normed input
+    (the adapter's own), the float32 casts and adds of each part, and the masked float32
+    copy (:class:`DropoutLinear` reads the float32 input).
+
     (Stacking the weights into one product was measured and dropped: the same outputs, but
     gate/up as one (tokens, 2 x intermediate) product made the training step slower.)"""
 
     @staticmethod
-    def forward(ctx, x, cdtype, *weights_and_casts):
-        # the layers' weights (for their gradients), then their casts to cdtype (_cast)
-        n = len(weights_and_casts) // 2
-        weights, ws = weights_and_casts[:n], weights_and_casts[n:]
+    def forward(ctx, x, cdtype, adapters, *tensors):
+        # the layers' weights (for their gradients), their casts to cdtype (_cast), then a
+        # (A, B, A's cast, B's cast) for each layer with an adapter, in the layers' order
+        n = len(adapters)
+        weights, ws, lora = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
         with torch.autocast(x.device.type, enabled=False):
             xc = x.to(cdtype)
             outs = tuple(F.linear(xc, w) for w in ws)
-        ctx.save_for_backward(xc, *ws)
-        ctx.x_dtype, ctx.weights = x.dtype, weights
+            kept = _adapters_forward(xc, outs, adapters, lora[2::4], lora[3::4])
+        # the input only for weight gradients (frozen plain layers need their casts only)
+        keep_x = bool(lora) or any(ctx.needs_input_grad[3 : 3 + n])
+        ctx.save_for_backward(xc if keep_x else None, *ws, *lora[2::4], *lora[3::4], *kept)
+        ctx.x_dtype, ctx.x_shape, ctx.weights, ctx.adapters = x.dtype, x.shape, weights, adapters
+        ctx.lora_dtypes = [t.dtype for t in lora[0::4]], [t.dtype for t in lora[1::4]]
         return outs
 
     @staticmethod
     def backward(ctx, *grads):
-        xc, *ws = ctx.saved_tensors
-        parts, gws = [], [None] * len(ws)
-        with torch.autocast(xc.device.type, enabled=False):
-            gs = [None if g is None else g.to(xc.dtype) for g in grads]
-            if ctx.needs_input_grad[0]:
-                for i in reversed(range(len(ws))):  # autograd's order: the last layer's first
-                    if gs[i] is not None:
-                        parts.append(gs[i].matmul(ws[i]))
-            wanted = [
-                i for i in range(len(ws)) if gs[i] is not None and ctx.needs_input_grad[2 + i]
-            ]
+        xc, *saved = ctx.saved_tensors
+        n = len(ctx.adapters)
+        ws = saved[:n]
+        parts, masks, gws = [], [], [None] * n
+        with torch.autocast(ws[0].device.type, enabled=False):
+            gs = [None if g is None else g.to(ws[0].dtype) for g in grads]
+            lora_grads = _adapters_backward(ctx, xc, gs, ws, saved[n:], parts, masks)
+            wanted = [i for i in range(n) if gs[i] is not None and ctx.needs_input_grad[3 + i]]
             if wanted:
                 x2 = xc.reshape(-1, xc.shape[-1])
                 rows = [gs[i].reshape(-1, gs[i].shape[-1]) for i in wanted]
                 for i, gw in zip(wanted, weight_grads(rows, x2, [ctx.weights[i] for i in wanted])):
                     gws[i] = gw
-        return (_input_grad(parts, ctx.x_dtype), None, *gws, *[None] * len(ws))
+        gx = _input_grad(parts, ctx.x_dtype, masks)
+        return (gx, None, None, *gws, *[None] * n, *lora_grads)
+
+
+def _adapters_forward(xc, outs, adapters, a_casts, b_casts) -> list:
+    """Adds each adapter's ``scale * B(A(xc * keep))`` into its layer's output (in place:
+    the outputs are fresh products) for :class:`SharedCastLinears`; the tensors its backward
+    needs: the masks (None without dropout), then the (tokens, rank) products ``A(...)``."""
+    keeps, hs, k = [], [], 0
+    for out, spec in zip(outs, adapters):
+        if spec is None:
+            continue
+        p, scale = spec
+        keep = keep_mask(xc.shape, p) if p > 0 else None
+        h = F.linear(xc if keep is None else _masked(xc, keep), a_casts[k])
+        out.view(-1, out.shape[-1]).addmm_(h.view(-1, h.shape[-1]), b_casts[k].t(), alpha=scale)
+        keeps.append(keep)
+        hs.append(h)
+        k += 1
+    return keeps + hs
+
+
+def _adapters_backward(ctx, xc, gs, ws, saved, parts, masks) -> list:
+    """The adapters' part of :class:`SharedCastLinears`' backward: appends each layer's input
+    gradient parts to ``parts`` (the base layer's, then the adapter's, the last layer's
+    first, as autograd orders them) and their dropout masks to ``masks`` (None for a part
+    without one: applied when the parts are summed, :func:`_input_grad`), and returns the adapters' weight gradients, A's and B's
+    for each, for the backward's return."""
+    n, m = len(ctx.adapters), len(saved) // 4
+    a_casts, b_casts, keeps, hs = saved[:m], saved[m : 2 * m], saved[2 * m : 3 * m], saved[3 * m :]
+    slot = [None] * n
+    k = 0
+    for i, spec in enumerate(ctx.adapters):
+        if spec is not None:
+            slot[i], k = k, k + 1
+    grads = [None] * (2 * m)
+    need_x = ctx.needs_input_grad[0]
+    for i in reversed(range(n)):
+        g, k = gs[i], slot[i]
+        if g is None:
+            continue
+        if need_x:
+            parts.append(g.matmul(ws[i]))
+            masks.append(None)
+        if k is None:
+            continue
+        scale, keep = ctx.adapters[i][1], keeps[k]
+        g2, h2 = g.reshape(-1, g.shape[-1]), hs[k].reshape(-1, hs[k].shape[-1])
+        gh = g2.mm(b_casts[k]).mul_(scale)  # (tokens, rank)
+        base = 3 + 2 * n + 4 * k
+        if ctx.needs_input_grad[base]:
+            xd = xc if keep is None else _masked(xc, keep)
+            grads[2 * k] = gh.t().mm(xd.reshape(-1, xd.shape[-1])).to(ctx.lora_dtypes[0][k])
+        if ctx.needs_input_grad[base + 1]:
+            grads[2 * k + 1] = g2.t().mm(h2).mul_(scale).to(ctx.lora_dtypes[1][k])
+        if need_x:
+            parts.append(gh.mm(a_casts[k]).view(ctx.x_shape))
+            masks.append(keep)
+    return [t for pair in zip(grads[0::2], grads[1::2], [None] * m, [None] * m) for t in pair]
+
+
+def _masked(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``t * keep`` for a uint8 0/1 mask of its shape: one C pass where that applies."""
+    out = kernels.keep_times(t, keep) if t.is_contiguous() else None
+    return t * keep if out is None else out
 
 
 # The input gradient of SharedCastLinears' layers summed by one C pass (False: a cast and an
@@ -304,17 +385,21 @@ class SharedCastLinears(torch.autograd.Function):
 SUMMED_INPUT_GRAD = True
 
 
-def _input_grad(parts, dtype: torch.dtype) -> torch.Tensor | None:
+def _input_grad(parts, dtype: torch.dtype, masks=None) -> torch.Tensor | None:
     """The layers' input gradients ``parts`` (each in the cast's dtype, the last layer's
-    first) each cast to ``dtype`` and summed in that order, as autograd sums them: where they
-    are bf16 and ``dtype`` float32, one C pass (``kernels.summed_as_float``, bit for bit) in
-    place of a cast and an add a layer (q/k/v: 5 passes over (tokens, hidden) float32)."""
+    first; with ``masks``, each part whose mask is not None times its 0/1 mask) each cast to
+    ``dtype`` and summed in that order, as autograd sums them: where they are bf16 and
+    ``dtype`` float32, one C pass (``kernels.summed_as_float``, bit for bit) in place of a
+    cast and an add a layer (q/k/v: 5 passes over (tokens, hidden) float32; with LoRA's
+    dropout, and a masking pass an adapter)."""
     if not parts:
         return None
+    masks = [None] * len(parts) if masks is None else masks
     if SUMMED_INPUT_GRAD and dtype == torch.float32:
-        out = kernels.summed_as_float(parts)
+        out = kernels.summed_as_float(parts, masks)
         if out is not None:
             return out
+    parts = [p if m is None else _masked(p, m) for p, m in zip(parts, masks)]
     gx = parts[0].to(dtype)
     for p in parts[1:]:
         gx = gx.add_(p.to(dtype))
@@ -437,23 +522,66 @@ def shared_cast(x: torch.Tensor, layers, cast: bool = True) -> tuple[torch.Tenso
     """``tuple(layer(x) for layer in layers)`` through :class:`SharedCastLinears` where that
     changes what is kept: a gradient recorded, under CPU autocast to a dtype ``x`` is not in
     (so each layer would cast and keep its own copy), every layer a plain bias-free
-    ``nn.Linear`` over ``x``'s features with float weights of one dtype. None elsewhere.
-    ``cast=False``: also for an ``x`` already in the autocast dtype (nothing is shared then;
-    the weights' gradients come from :func:`weight_grads`)."""
+    ``nn.Linear`` over ``x``'s features, or PEFT's LoRA ``Linear`` around a frozen one with
+    one plain adapter (:func:`lora_parts`), the base weights float and of one dtype. None
+    elsewhere. ``cast=False``: also for an ``x`` already in the autocast dtype (nothing is
+    shared then; the weights' gradients come from :func:`weight_grads`, an adapter's input
+    gradient joins the base layer's in one sum)."""
     dev = x.device.type
     if not (torch.is_grad_enabled() and dev == "cpu" and torch.is_autocast_enabled(dev)):
         return None
     cdtype = torch.get_autocast_dtype(dev)
     if (cast and x.dtype == cdtype) or not x.is_floating_point():
         return None
-    ws = []
+    ws, adapters, lora = [], [], []
     for m in layers:
-        if type(m) is not torch.nn.Linear or m.bias is not None:
+        if type(m) is torch.nn.Linear and m.bias is None:
+            ws.append(m.weight)
+            adapters.append(None)
+            continue
+        parts = lora_parts(m)
+        if parts is None:
             return None
-        ws.append(m.weight)
-    if len({w.dtype for w in ws}) != 1 or ws[0].shape[1] != x.shape[-1]:
+        base, A, B, p, scale = parts
+        ws.append(base.weight)
+        adapters.append((p, scale))
+        lora += [A.weight, B.weight, _cast(A.weight, cdtype), _cast(B.weight, cdtype)]
+    if len({w.dtype for w in ws}) != 1 or not ws[0].is_floating_point():
         return None
-    return SharedCastLinears.apply(x, cdtype, *ws, *(_cast(w, cdtype) for w in ws))
+    if ws[0].shape[1] != x.shape[-1]:
+        return None
+    casts = (_cast(w, cdtype) for w in ws)
+    return SharedCastLinears.apply(x, cdtype, tuple(adapters), *ws, *casts, *lora)
+
+
+# LoRA layers through SharedCastLinears under autocast (False: _lean_lora_forward's
+# DropoutLinear, each layer casting its input itself; for comparisons)
+SHARED_LORA_CASTS = True
+
+
+def lora_parts(mod):
+    """(base layer, A, B, dropout probability, scaling) of PEFT's LoRA ``Linear`` with one
+    active plain unmerged adapter (:func:`lean_loras`) whose :class:`SharedCastLinears` form
+    is PEFT's forward: a bias-free frozen base layer, bias-free A and B, ``nn.Dropout`` (its
+    probability in training, 0 in eval) or ``nn.Identity``, a number for the scaling; the
+    probability is 0 without dropout and the scaling includes its ``1 / (1 - p)``. None for
+    anything else (and with :data:`SHARED_LORA_CASTS` off)."""
+    if not SHARED_LORA_CASTS or not type(mod).__module__.startswith("peft."):
+        return None
+    parts = linear_parts(mod)
+    if parts is None or len(parts[1]) != 1 or getattr(mod, "merged", False):
+        return None
+    base, (a,) = parts
+    A, B, drop, scale = mod.lora_A[a], mod.lora_B[a], mod.lora_dropout[a], mod.scaling[a]
+    if base.bias is not None or base.weight.requires_grad or not isinstance(scale, (int, float)):
+        return None
+    if any(type(t) is not torch.nn.Linear or t.bias is not None for t in (A, B)):
+        return None
+    if type(drop) is torch.nn.Identity or (type(drop) is torch.nn.Dropout and not drop.training):
+        return base, A, B, 0.0, scale
+    if type(drop) is not torch.nn.Dropout or not 0 <= drop.p < 1:
+        return None
+    return base, A, B, drop.p, scale / (1 - drop.p) if drop.p > 0 else scale
 
 
 class SwiGLUDown(torch.autograd.Function):
@@ -536,9 +664,10 @@ def _shared_qkv(attn) -> list:
     their input (:func:`shared_cast`): ``q_proj`` computes all three and hands k and v to
     ``k_proj`` and ``v_proj`` when they are called next on the same input, as Llama's
     attention forward does (checked by its code in :func:`qkv_attentions`); any other call
-    runs the layer's own product. ``o_proj`` (whose input is already in the autocast dtype)
-    runs through it too, with nothing to share: for its weight's gradient
-    (:func:`weight_grads`)."""
+    runs the layer's own forward (a LoRA layer's :func:`_lean_lora_forward`). ``o_proj``
+    (whose input is already in the autocast dtype) runs through it too, with nothing to
+    share: for its weight's gradient (:func:`weight_grads`), or its adapter's input gradient
+    summed with the base layer's."""
     handed: dict = {}
     q, k, v, o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
 
@@ -546,7 +675,7 @@ def _shared_qkv(attn) -> list:
         handed.clear()
         outs = shared_cast(x, (q, k, v))
         if outs is None:
-            return F.linear(x, self.weight, self.bias)
+            return _own_forward(self, x)
         handed.update(x=x, k=outs[1], v=outs[2])
         return outs[0]
 
@@ -557,27 +686,42 @@ def _shared_qkv(attn) -> list:
                 if "k" not in handed and "v" not in handed:
                     handed.clear()
                 return out
-            return F.linear(x, self.weight, self.bias)
+            return _own_forward(self, x)
 
         return forward
 
     def o_forward(self, x):
         out = shared_cast(x, (self,), cast=False)
-        return F.linear(x, self.weight, self.bias) if out is None else out[0]
+        return _own_forward(self, x) if out is None else out[0]
 
     swaps = [(q, q_forward), (k, handed_on("k")), (v, handed_on("v"))]
-    return swaps + [(o, o_forward)] if type(o) is torch.nn.Linear else swaps
+    return swaps + [(o, o_forward)] if _shareable(o) else swaps
+
+
+def _shareable(layer) -> bool:
+    """Whether :func:`shared_cast` may take ``layer``: a plain ``nn.Linear``, or a LoRA layer
+    it runs with its adapter (:func:`lora_parts`)."""
+    return type(layer) is torch.nn.Linear or lora_parts(layer) is not None
+
+
+def _own_forward(layer, x):
+    """What ``layer`` runs inside :func:`lean_layers` where :func:`shared_cast` does not
+    apply: a plain layer's product, a LoRA layer's :func:`_lean_lora_forward`."""
+    if type(layer) is torch.nn.Linear:
+        return F.linear(x, layer.weight, layer.bias)
+    return _lean_lora_forward(layer, x)
 
 
 def qkv_attentions(model) -> list[torch.nn.Module]:
     """The attention modules of ``model`` whose forward is Llama's (its code, under
-    transformers' decorators) with plain ``nn.Linear`` q/k/v projections."""
+    transformers' decorators) with q/k/v projections :func:`shared_cast` may take (plain
+    ``nn.Linear``, or PEFT LoRA layers with one plain adapter: :func:`_shareable`)."""
     ref = _llama_forward("LlamaAttention")
     names = ("q_proj", "k_proj", "v_proj")
     return [
         m
         for m in model.modules()
-        if _same_code(m, ref) and all(type(getattr(m, n, None)) is torch.nn.Linear for n in names)
+        if _same_code(m, ref) and all(_shareable(getattr(m, n, None)) for n in names)
     ]
 
 

@@ -403,3 +403,24 @@ def test_summed_as_float_adds_in_autograd_s_order_bit_for_bit():
     assert kernels.summed_as_float([p.float() for p in parts]) is None
     assert kernels.summed_as_float([parts[0], parts[1][:, :5]]) is None
     assert kernels.summed_as_float([parts[0], parts[1].transpose(1, 2)]) is None
+
+
+@needs_cc
+def test_summed_as_float_with_masks_is_keep_times_then_the_sum():
+    """With masks, each masked part is kernels.keep_times' ``p * keep`` (negative zeros
+    included) before the same float32 sum, bit for bit; a mask of another shape or dtype is
+    declined."""
+    g = torch.Generator().manual_seed(1)
+    parts = [(torch.randn(2, 65, 131, generator=g) * s).bfloat16() for s in (1e2, 1.0, 3e-2)]
+    keeps = [(torch.rand(p.shape, generator=g) > 0.3).to(torch.uint8) for p in parts]
+    for masks in ([keeps[0], None, keeps[2]], [None, keeps[1], None], keeps):
+        want = None
+        for p, m in zip(parts, masks):
+            q = (p if m is None else kernels.keep_times(p, m)).float()
+            want = q if want is None else want.add_(q)
+        got = kernels.summed_as_float(parts, masks)
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
+        assert not torch.equal(got, kernels.summed_as_float(parts))  # the masks are applied
+    assert kernels.summed_as_float(parts, [keeps[0].bool(), None, None]) is None
+    assert kernels.summed_as_float(parts, [keeps[0][:, :5], None, None]) is None
+    assert kernels.summed_as_float(parts, [None, None]) is None

@@ -52,11 +52,12 @@ def _llama(lora: bool = False):
 
 def _run(model, ids, lean: bool, amp: bool):
     model.zero_grad(set_to_none=True)
-    saved = {}  # distinct tensors kept for the backward, the weights aside
+    saved = {}  # distinct activations kept for the backward: tensors with a token dimension
     params = {p.data_ptr() for p in model.parameters()}
+    tokens = {ids.shape[1], ids.numel()}  # (no weight here has such a dimension)
 
     def pack(t):
-        if t.data_ptr() not in params:
+        if t.data_ptr() not in params and tokens & set(t.shape):
             saved[(t.data_ptr(), t.shape, t.dtype)] = t.numel() * t.element_size()
         return t
 
@@ -97,15 +98,17 @@ def test_same_values_and_gradients_with_less_kept(amp, lora, rms_kernel, monkeyp
         for n in g0:
             assert torch.equal(g0[n], g1[n]), n
     # neither silu(gate) nor the product (down's input) is kept: two (3 x 11, 80) tensors a
-    # layer in the activations' dtype; with LoRA under autocast PEFT casts the product to the
-    # adapter's float32 and keeps that cast, so the bf16 product was not kept to begin with
+    # layer in the activations' dtype (with LoRA under autocast PEFT keeps, in the product's
+    # place, the bf16 cast its adapter makes of its float32 cast of the product; the lean
+    # layer neither, the product made again in the backward serving the adapter too)
     T, L, h = 3 * 11, SHAPE["num_hidden_layers"], SHAPE["hidden_size"]
-    mlp = T * 80 * (2 if amp else 4) * (1 if lora and amp else 2)
+    mlp = T * 80 * (2 if amp else 4) * 2
     # nor the normalised input of each RMSNorm (two a layer and the final one), in float32,
     # which the product with the norm's weight keeps only when that weight is trained
     norms = (2 * L + 1) * T * h * 4 * (not lora)
     # under autocast one bf16 cast of the normed input for q/k/v and one for gate/up, not 3 + 2
-    casts = 3 * T * h * 2 * (amp and not lora)
+    # (with LoRA the base layers keep none, their weights frozen, and the adapters' A one each)
+    casts = 3 * T * h * 2 * amp
     assert kept0 - kept1 == L * (mlp + casts) + norms
     # the model is itself again after the block
     projections = [
@@ -113,7 +116,7 @@ def test_same_values_and_gradients_with_less_kept(amp, lora, rms_kernel, monkeyp
     ]
     swapped = gated_silu_mlps(model) + rms_norms(model) + projections
     assert all("forward" not in vars(m) for m in swapped)
-    assert len(projections) == (0 if lora else 3 * L)
+    assert len(projections) == 3 * L  # LoRA layers too (under autocast: one cast)
 
 
 @pytest.mark.skipif(not kernels.available(), reason="no C kernels here")
@@ -189,7 +192,9 @@ def test_shared_cast_same_values_and_gradients_one_cast_kept():
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             with torch.autocast("cpu", torch.bfloat16):
                 outs = (
-                    SharedCastLinears.apply(h, torch.bfloat16, *ws, *(w.bfloat16() for w in ws))
+                    SharedCastLinears.apply(
+                        h, torch.bfloat16, (None,) * 3, *ws, *(w.bfloat16() for w in ws)
+                    )
                     if shared
                     else [torch.nn.functional.linear(h, w) for w in ws]
                 )
@@ -298,13 +303,68 @@ def test_lora_dropout_same_values_on_the_same_masks_and_keeps_less(amp, monkeypa
     T, h, ffn = 3 * 11, SHAPE["hidden_size"], SHAPE["intermediate_size"]
     # one byte an input entry of q, k, v, o, gate, up, down
     masks = L * T * (6 * h + ffn)
-    if amp:  # without dropout each adapter's product keeps its own bf16 cast of a float32
-        # input; with it the adapter keeps the input itself (one for q/k/v, one for gate/up;
-        # o's and down's bf16 inputs are the base layers' own) and the masks
-        assert 0 < kept1 - lean0 < masks < (kept0 - peft0) / 2
-    else:
-        assert kept1 - lean0 == masks < (kept0 - peft0) / 3
+    # with or without dropout the lean layers keep one input for q/k/v and one for gate/up
+    # (under autocast one bf16 cast of each, shared with the base layers: SharedCastLinears)
+    assert kept1 - lean0 == masks < (kept0 - peft0) / (2 if amp else 3)
     assert len(gated_silu_mlps(model)) == L
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "q_v"])
+@pytest.mark.parametrize("p", [0.3, 0.0])
+def test_lora_layers_share_one_cast_same_numbers(p, targets, monkeypatch):
+    """Under bf16 autocast the LoRA layers run through SharedCastLinears (q/k/v from one
+    cast of their input, gate/up from another; o and down with their bf16 inputs), each
+    adapter's dropout mask applied to that cast: the same masks drawn in the same order, and
+    the same outputs and gradients as DropoutLinear's path, bit for bit, with fewer kept (no
+    float32 input for the adapters); with adapters on q and v only, k's plain layer joins
+    them."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    cfg = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=p,
+        target_modules="all-linear" if targets == "all-linear" else ["q_proj", "v_proj"],
+    )
+    model = get_peft_model(LlamaForCausalLM(LlamaConfig(**SHAPE)), cfg).train()
+    with torch.no_grad():
+        for n, q in model.named_parameters():
+            if "lora_B" in n:
+                q.normal_(0, 0.1)
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
+    shared = []
+    real = layers._adapters_forward
+    monkeypatch.setattr(
+        layers,
+        "_adapters_forward",
+        lambda xc, outs, ad, *casts: (
+            shared.append(sum(a is not None for a in ad)) or real(xc, outs, ad, *casts)
+        ),
+    )
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(layers, "SHARED_LORA_CASTS", on)
+        torch.manual_seed(5)
+        runs[on] = (*_run(model, ids, lean=True, amp=True), torch.get_rng_state())
+    (o0, g0, k0, rng0), (o1, g1, k1, rng1) = runs[False], runs[True]
+    L = SHAPE["num_hidden_layers"]
+    # adapters through SharedCastLinears a layer: q/k/v, o, gate/up, down (or q and v)
+    adapted = [n for n in shared if n]  # (frozen plain layers pass through it too)
+    assert adapted == ([3, 1, 2, 1] * L if targets == "all-linear" else [2] * L)
+    assert torch.equal(rng0, rng1) and torch.equal(o0, o1)
+    assert g0.keys() == g1.keys() and len(g0) == 2 * L * (7 if targets == "all-linear" else 2)
+    for n in g0:
+        assert torch.equal(g0[n], g1[n]), n
+    assert any(g.abs().sum() > 0 for g in g1.values())
+    T, h = 3 * 11, SHAPE["hidden_size"]
+    if targets == "all-linear":  # a float32 input for q/k/v and for gate/up, a bf16 cast kept
+        # (with dropout: DropoutLinear's input; without: each adapter's own bf16 cast, five,
+        # and down's adapter's cast of the product, which the lean MLP makes again)
+        fewer = 2 * T * h * (4 - 2) if p else 2 * T * h * (5 - 2) + T * 80 * 2
+    else:  # q and v's adapters cast and keep the normed input (or keep it with dropout)
+        fewer = T * h * (4 - 2) if p else T * h * (2 * 2 - 2)
+    assert k0 - k1 == L * fewer
 
 
 def test_no_lean_lora_without_dropout_or_with_two_adapters():
