@@ -593,32 +593,59 @@ class SwiGLUDown(torch.autograd.Function):
     output made two), then the weight's gradient from it (:func:`weight_grads`). The same
     operations on the same values as :class:`SiLUMul` followed by
     ``shared_cast(m, (down,), cast=False)`` with ``m`` recomputed: the same numbers, bit for
-    bit."""
+    bit. A LoRA down projection (``adapter``: its dropout probability and scaling, then A, B
+    and their casts) adds its adapter as :class:`SharedCastLinears` does, its input-gradient
+    part (masked) added to the base layer's before the pass, its A's gradient from the
+    product made again there."""
 
     @staticmethod
-    def forward(ctx, g, u, weight, wc):
+    def forward(ctx, g, u, adapter, weight, wc, *lora):
         m = kernels.silu_mul_forward(g, u)
         with torch.autocast(g.device.type, enabled=False):
             y = F.linear(m, wc)
-        ctx.save_for_backward(g, u, wc)
-        ctx.weight = weight
+            kept = []
+            if adapter is not None:
+                kept = _adapters_forward(m, (y,), (adapter,), lora[2:3], lora[3:4])
+        ctx.save_for_backward(g, u, wc, *lora[2:], *kept)
+        ctx.weight, ctx.adapter = weight, adapter
+        ctx.lora_dtypes = [t.dtype for t in lora[:2]]
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        g, u, wc = ctx.saved_tensors
-        need_g, need_u, need_w = ctx.needs_input_grad[:3]
+        g, u, wc, *lora = ctx.saved_tensors
+        need_g, need_u, _, need_w = ctx.needs_input_grad[:4]
         with torch.autocast(g.device.type, enabled=False):
             dy = dy.to(wc.dtype)
+            dy2 = dy.reshape(-1, dy.shape[-1])
+            gh = None if ctx.adapter is None else dy2.mm(lora[1]).mul_(ctx.adapter[1])
             if need_g or need_u:
-                m, dg, du = kernels.silu_mul_backward_remake(dy.matmul(wc), g, u, need_g, need_u)
+                dm = dy.matmul(wc)
+                if gh is not None:  # the adapter's part, masked, as _input_grad adds it
+                    part = gh.mm(lora[0]).view(dm.shape)
+                    dm = dm.add_(part if lora[2] is None else _masked(part, lora[2]))
+                m, dg, du = kernels.silu_mul_backward_remake(dm, g, u, need_g, need_u)
             else:
                 m, dg, du = kernels.silu_mul_forward(g, u), None, None
-            dw = None
+            m2, dw = m.reshape(-1, m.shape[-1]), None
             if need_w:
-                dy2, m2 = dy.reshape(-1, dy.shape[-1]), m.reshape(-1, m.shape[-1])
                 (dw,) = weight_grads([dy2], m2, [ctx.weight])
-        return dg, du, dw, None
+            lora_grads = [] if gh is None else _down_adapter_grads(ctx, gh, dy2, m2, lora)
+        return dg, du, None, dw, None, *lora_grads
+
+
+def _down_adapter_grads(ctx, gh, dy2, m2, lora) -> list:
+    """A's and B's gradients of :class:`SwiGLUDown`'s adapter (then None for their casts),
+    as :func:`_adapters_backward` makes them: ``gh`` its (tokens, rank) gradient, ``m2`` the
+    remade input, ``lora`` the saved A and B casts, mask and ``A(...)`` product."""
+    keep, h = lora[2], lora[3]
+    gA = gB = None
+    if ctx.needs_input_grad[5]:
+        xd = m2 if keep is None else _masked(m2, keep.view(m2.shape))
+        gA = gh.t().mm(xd).to(ctx.lora_dtypes[0])
+    if ctx.needs_input_grad[6]:
+        gB = dy2.t().mm(h.reshape(-1, h.shape[-1])).mul_(ctx.adapter[1]).to(ctx.lora_dtypes[1])
+    return [gA, gB, None, None]
 
 
 # SwiGLUDown where it applies (False: SiLUMul, then the down projection; for comparisons)
@@ -628,20 +655,29 @@ FUSED_SWIGLU_DOWN = True
 def swiglu_down(g: torch.Tensor, u: torch.Tensor, down) -> torch.Tensor | None:
     """``down(silu(g) * u)`` through :class:`SwiGLUDown` where it applies (a gradient
     recorded, CPU autocast to ``g``'s and ``u``'s dtype, ``down`` a plain bias-free
-    ``nn.Linear`` with a float weight, the C kernels for them); None elsewhere."""
+    ``nn.Linear`` with a float weight or a LoRA layer around one (:func:`lora_parts`), the C
+    kernels for them); None elsewhere."""
     dev = g.device.type
     if not (FUSED_SWIGLU_DOWN and USE_SILU_KERNEL and torch.is_grad_enabled() and dev == "cpu"):
         return None
-    if not torch.is_autocast_enabled(dev) or type(down) is not torch.nn.Linear:
+    if not torch.is_autocast_enabled(dev):
         return None
-    cdtype, w = torch.get_autocast_dtype(dev), down.weight
-    if down.bias is not None or g.dtype != cdtype or not w.is_floating_point():
+    parts = None if type(down) is torch.nn.Linear else lora_parts(down)
+    if parts is None and type(down) is not torch.nn.Linear:
         return None
-    if not (g.requires_grad or u.requires_grad or w.requires_grad):
+    base = down if parts is None else parts[0]
+    cdtype, w = torch.get_autocast_dtype(dev), base.weight
+    if base.bias is not None or g.dtype != cdtype or not w.is_floating_point():
+        return None
+    if not (g.requires_grad or u.requires_grad or w.requires_grad or parts is not None):
         return None
     if w.shape[1] != g.shape[-1] or not kernels.silu_mul_applies(g, u):
         return None
-    return SwiGLUDown.apply(g, u, w, _cast(w, cdtype))
+    if parts is None:
+        return SwiGLUDown.apply(g, u, None, w, _cast(w, cdtype))
+    _, A, B, p, scale = parts
+    lora = (A.weight, B.weight, _cast(A.weight, cdtype), _cast(B.weight, cdtype))
+    return SwiGLUDown.apply(g, u, (p, scale), w, _cast(w, cdtype), *lora)
 
 
 def _lean_forward(self, x):

@@ -313,7 +313,8 @@ def test_lora_dropout_same_values_on_the_same_masks_and_keeps_less(amp, monkeypa
 @pytest.mark.parametrize("p", [0.3, 0.0])
 def test_lora_layers_share_one_cast_same_numbers(p, targets, monkeypatch):
     """Under bf16 autocast the LoRA layers run through SharedCastLinears (q/k/v from one
-    cast of their input, gate/up from another; o and down with their bf16 inputs), each
+    cast of their input, gate/up from another; o with its bf16 input; down through
+    SwiGLUDown, its input remade in SiLU's backward pass), each
     adapter's dropout mask applied to that cast: the same masks drawn in the same order, and
     the same outputs and gradients as DropoutLinear's path, bit for bit, with fewer kept (no
     float32 input for the adapters); with adapters on q and v only, k's plain layer joins
@@ -342,6 +343,11 @@ def test_lora_layers_share_one_cast_same_numbers(p, targets, monkeypatch):
             shared.append(sum(a is not None for a in ad)) or real(xc, outs, ad, *casts)
         ),
     )
+    downs = []  # SwiGLUDown's adapters: the down projection's, remade in SiLU's backward
+    fused = layers.SwiGLUDown.apply
+    monkeypatch.setattr(
+        layers.SwiGLUDown, "apply", lambda *a: downs.append(a[2]) or fused(*a), raising=False
+    )
     runs = {}
     for on in (False, True):
         monkeypatch.setattr(layers, "SHARED_LORA_CASTS", on)
@@ -352,6 +358,10 @@ def test_lora_layers_share_one_cast_same_numbers(p, targets, monkeypatch):
     # adapters through SharedCastLinears a layer: q/k/v, o, gate/up, down (or q and v)
     adapted = [n for n in shared if n]  # (frozen plain layers pass through it too)
     assert adapted == ([3, 1, 2, 1] * L if targets == "all-linear" else [2] * L)
+    if targets == "all-linear":
+        assert downs == [(p, 2.0 / (1 - p))] * L  # scaling alpha / r, the dropout's 1 / (1 - p)
+    else:  # a plain frozen down projection: SwiGLUDown without an adapter, both runs
+        assert downs == [None] * (2 * L)
     assert torch.equal(rng0, rng1) and torch.equal(o0, o1)
     assert g0.keys() == g1.keys() and len(g0) == 2 * L * (7 if targets == "all-linear" else 2)
     for n in g0:
