@@ -33,10 +33,11 @@ adapter's scaling are one scalar inside B's product, which also adds the base la
 Values and gradients equal PEFT's for a given mask up to float rounding (products summed in
 another order); the masks themselves come from another generator than PEFT's, so a run with
 LoRA dropout draws other (equally likely) masks than PEFT would. Under bf16 autocast the LoRA
-layers of q/k/v and of gate/up run through :class:`SharedCastLinears` instead (o and down
-too): the base layers and the adapters' A products read one bf16 cast of their input, each
-mask applied to that cast, and the input's gradient parts (the adapters' masked) summed in one
-C pass; the same numbers as :class:`DropoutLinear`'s path, bit for bit, on the same masks.
+layers of q/k/v and of gate/up run through :class:`SharedCastLinears` instead (o too, and
+down through :class:`SwiGLUDown`): the base layers and the adapters' A products read one
+bf16 cast of their input, each mask applied to that cast, and the input's gradient parts
+(the adapters' masked) summed in one C pass; the same numbers as :class:`DropoutLinear`'s
+path, bit for bit, on the same masks.
 
 :func:`lean_layers` swaps these into a model for the duration of a block: the MLPs whose
 forward is Llama's (Llama, Mistral, Qwen2/3, SmolLM3, OLMo share it, checked by its code),
@@ -339,8 +340,8 @@ def _adapters_backward(ctx, xc, gs, ws, saved, parts, masks) -> list:
     """The adapters' part of :class:`SharedCastLinears`' backward: appends each layer's input
     gradient parts to ``parts`` (the base layer's, then the adapter's, the last layer's
     first, as autograd orders them) and their dropout masks to ``masks`` (None for a part
-    without one: applied when the parts are summed, :func:`_input_grad`), and returns the adapters' weight gradients, A's and B's
-    for each, for the backward's return."""
+    without one: applied when the parts are summed, :func:`_input_grad`); returns the
+    adapters' weight gradients (A's, B's, then None for their casts) for the backward."""
     n, m = len(ctx.adapters), len(saved) // 4
     a_casts, b_casts, keeps, hs = saved[:m], saved[m : 2 * m], saved[2 * m : 3 * m], saved[3 * m :]
     slot = [None] * n
@@ -560,8 +561,8 @@ SHARED_LORA_CASTS = True
 
 
 def lora_parts(mod):
-    """(base layer, A, B, dropout probability, scaling) of PEFT's LoRA ``Linear`` with one
-    active plain unmerged adapter (:func:`lean_loras`) whose :class:`SharedCastLinears` form
+    """(base layer, A, B, dropout probability, scaling) of PEFT's LoRA ``Linear`` on CPU with
+    one active plain unmerged adapter (:func:`lean_loras`) whose :class:`SharedCastLinears` form
     is PEFT's forward: a bias-free frozen base layer, bias-free A and B, ``nn.Dropout`` (its
     probability in training, 0 in eval) or ``nn.Identity``, a number for the scaling; the
     probability is 0 without dropout and the scaling includes its ``1 / (1 - p)``. None for
@@ -574,6 +575,8 @@ def lora_parts(mod):
     base, (a,) = parts
     A, B, drop, scale = mod.lora_A[a], mod.lora_B[a], mod.lora_dropout[a], mod.scaling[a]
     if base.bias is not None or base.weight.requires_grad or not isinstance(scale, (int, float)):
+        return None
+    if base.weight.device.type != "cpu":  # (as lean_loras: the C masks are CPU tensors)
         return None
     if any(type(t) is not torch.nn.Linear or t.bias is not None for t in (A, B)):
         return None
