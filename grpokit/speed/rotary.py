@@ -103,10 +103,13 @@ def _same_function(fn, ref) -> bool:
 
 def rotary_modules(model) -> list:
     """The Python modules whose ``apply_rotary_pos_emb`` ``model``'s attention layers call
-    and which is exactly Llama's."""
+    and which is exactly Llama's (``model``: a model, or the list of its modules)."""
     ref = _llama_rotary()
-    found = {}
-    for m in model.modules():
+    found, seen = {}, set()
+    for m in model if isinstance(model, list) else model.modules():
+        if type(m) in seen:  # (one look a class)
+            continue
+        seen.add(type(m))
         mod = sys.modules.get(type(m).__module__)
         fn = getattr(mod, "apply_rotary_pos_emb", None) if mod is not None else None
         if fn is None or hasattr(fn, "grpokit_original") or id(mod) in found:
@@ -119,7 +122,8 @@ def rotary_modules(model) -> list:
 @contextlib.contextmanager
 def lean_rotary(model, enabled: bool = True):
     """Inside the block, ``model``'s attention layers apply rotary embeddings through
-    :func:`rotary`. Yields the number of modules swapped."""
+    :func:`rotary` (``model``: a model, or the list of its modules). Yields the number of
+    modules swapped."""
     swapped = []
     if enabled and kernels.available():
         for mod in rotary_modules(model):
