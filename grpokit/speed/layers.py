@@ -296,7 +296,7 @@ class SharedCastLinears(torch.autograd.Function):
         keep_x = bool(lora) or any(ctx.needs_input_grad[3 : 3 + n])
         ctx.save_for_backward(xc if keep_x else None, *ws, *lora[2::4], *lora[3::4], *kept)
         ctx.x_dtype, ctx.x_shape, ctx.weights, ctx.adapters = x.dtype, x.shape, weights, adapters
-        ctx.lora_dtypes = [t.dtype for t in lora[0::4]], [t.dtype for t in lora[1::4]]
+        ctx.lora_dtypes = [(a.dtype, b.dtype) for a, b in zip(lora[0::4], lora[1::4])]
         return outs
 
     @staticmethod
@@ -344,12 +344,11 @@ def _adapters_backward(ctx, xc, gs, ws, saved, parts, masks) -> list:
     adapters' weight gradients (A's, B's, then None for their casts) for the backward."""
     n, m = len(ctx.adapters), len(saved) // 4
     a_casts, b_casts, keeps, hs = saved[:m], saved[m : 2 * m], saved[2 * m : 3 * m], saved[3 * m :]
-    slot = [None] * n
-    k = 0
-    for i, spec in enumerate(ctx.adapters):
-        if spec is not None:
-            slot[i], k = k, k + 1
-    grads = [None] * (2 * m)
+    slot, k = [], 0  # each layer's place among the adapters (None: no adapter)
+    for spec in ctx.adapters:
+        slot.append(None if spec is None else k)
+        k += spec is not None
+    grads = [[None] * 4 for _ in range(m)]
     need_x = ctx.needs_input_grad[0]
     for i in reversed(range(n)):
         g, k = gs[i], slot[i]
@@ -361,18 +360,29 @@ def _adapters_backward(ctx, xc, gs, ws, saved, parts, masks) -> list:
         if k is None:
             continue
         scale, keep = ctx.adapters[i][1], keeps[k]
-        g2, h2 = g.reshape(-1, g.shape[-1]), hs[k].reshape(-1, hs[k].shape[-1])
+        g2 = g.reshape(-1, g.shape[-1])
         gh = g2.mm(b_casts[k]).mul_(scale)  # (tokens, rank)
-        base = 3 + 2 * n + 4 * k
-        if ctx.needs_input_grad[base]:
-            xd = xc if keep is None else _masked(xc, keep)
-            grads[2 * k] = gh.t().mm(xd.reshape(-1, xd.shape[-1])).to(ctx.lora_dtypes[0][k])
-        if ctx.needs_input_grad[base + 1]:
-            grads[2 * k + 1] = g2.t().mm(h2).mul_(scale).to(ctx.lora_dtypes[1][k])
+        need = ctx.needs_input_grad[3 + 2 * n + 4 * k :][:2]
+        x2 = xc.reshape(-1, xc.shape[-1])
+        grads[k] = _adapter_weight_grads(need, gh, g2, x2, keep, hs[k], scale, ctx.lora_dtypes[k])
         if need_x:
             parts.append(gh.mm(a_casts[k]).view(ctx.x_shape))
             masks.append(keep)
-    return [t for pair in zip(grads[0::2], grads[1::2], [None] * m, [None] * m) for t in pair]
+    return [t for four in grads for t in four]
+
+
+def _adapter_weight_grads(need, gh, g2, x2, keep, h, scale, dtypes) -> list:
+    """One adapter's A and B gradients (where ``need`` says), then None for their casts:
+    ``gh`` its (tokens, rank) gradient before A, ``g2`` the layer's (tokens, out) output
+    gradient, ``x2`` the layer's (tokens, in) input before the dropout mask ``keep``, ``h``
+    the saved A product, ``dtypes`` A's and B's."""
+    gA = gB = None
+    if need[0]:
+        xd = x2 if keep is None else _masked(x2, keep.view(x2.shape))
+        gA = gh.t().mm(xd).to(dtypes[0])
+    if need[1]:
+        gB = g2.t().mm(h.reshape(-1, h.shape[-1])).mul_(scale).to(dtypes[1])
+    return [gA, gB, None, None]
 
 
 def _masked(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -562,21 +572,17 @@ SHARED_LORA_CASTS = True
 
 def lora_parts(mod):
     """(base layer, A, B, dropout probability, scaling) of PEFT's LoRA ``Linear`` on CPU with
-    one active plain unmerged adapter (:func:`lean_loras`) whose :class:`SharedCastLinears` form
-    is PEFT's forward: a bias-free frozen base layer, bias-free A and B, ``nn.Dropout`` (its
+    one active plain unmerged adapter (:func:`_one_adapter`) whose
+    :class:`SharedCastLinears` form is PEFT's forward: a bias-free frozen base layer, bias-free A and B, ``nn.Dropout`` (its
     probability in training, 0 in eval) or ``nn.Identity``, a number for the scaling; the
     probability is 0 without dropout and the scaling includes its ``1 / (1 - p)``. None for
     anything else (and with :data:`SHARED_LORA_CASTS` off)."""
-    if not SHARED_LORA_CASTS or not type(mod).__module__.startswith("peft."):
+    one = _one_adapter(mod) if SHARED_LORA_CASTS else None
+    if one is None:
         return None
-    parts = linear_parts(mod)
-    if parts is None or len(parts[1]) != 1 or getattr(mod, "merged", False):
-        return None
-    base, (a,) = parts
+    base, a = one
     A, B, drop, scale = mod.lora_A[a], mod.lora_B[a], mod.lora_dropout[a], mod.scaling[a]
     if base.bias is not None or base.weight.requires_grad or not isinstance(scale, (int, float)):
-        return None
-    if base.weight.device.type != "cpu":  # (as lean_loras: the C masks are CPU tensors)
         return None
     if any(type(t) is not torch.nn.Linear or t.bias is not None for t in (A, B)):
         return None
@@ -633,22 +639,12 @@ class SwiGLUDown(torch.autograd.Function):
             m2, dw = m.reshape(-1, m.shape[-1]), None
             if need_w:
                 (dw,) = weight_grads([dy2], m2, [ctx.weight])
-            lora_grads = [] if gh is None else _down_adapter_grads(ctx, gh, dy2, m2, lora)
+            lora_grads = []
+            if gh is not None:  # (lora: A's and B's casts, the mask, A's product)
+                need, scale = ctx.needs_input_grad[5:7], ctx.adapter[1]
+                args = (gh, dy2, m2, lora[2], lora[3], scale, ctx.lora_dtypes)
+                lora_grads = _adapter_weight_grads(need, *args)
         return dg, du, None, dw, None, *lora_grads
-
-
-def _down_adapter_grads(ctx, gh, dy2, m2, lora) -> list:
-    """A's and B's gradients of :class:`SwiGLUDown`'s adapter (then None for their casts),
-    as :func:`_adapters_backward` makes them: ``gh`` its (tokens, rank) gradient, ``m2`` the
-    remade input, ``lora`` the saved A and B casts, mask and ``A(...)`` product."""
-    keep, h = lora[2], lora[3]
-    gA = gB = None
-    if ctx.needs_input_grad[5]:
-        xd = m2 if keep is None else _masked(m2, keep.view(m2.shape))
-        gA = gh.t().mm(xd).to(ctx.lora_dtypes[0])
-    if ctx.needs_input_grad[6]:
-        gB = dy2.t().mm(h.reshape(-1, h.shape[-1])).mul_(ctx.adapter[1]).to(ctx.lora_dtypes[1])
-    return [gA, gB, None, None]
 
 
 # SwiGLUDown where it applies (False: SiLUMul, then the down projection; for comparisons)
@@ -897,28 +893,32 @@ def rms_norms(model) -> list[torch.nn.Module]:
     return [m for m in _modules(model) if _same_code(m, ref)]
 
 
+def _one_adapter(mod):
+    """(base layer, adapter name) of PEFT's LoRA ``Linear`` on CPU with exactly one active,
+    plain, unmerged adapter (see ``grpokit.speed.weights.linear_parts``); None for anything
+    else. A layer with any adapter merged is left alone: PEFT's forward then runs its base
+    layer only."""
+    if type(mod).__name__ != "Linear" or not type(mod).__module__.startswith("peft."):
+        return None
+    parts = linear_parts(mod)
+    if parts is None or len(parts[1]) != 1 or getattr(mod, "merged", False):
+        return None
+    return (parts[0], parts[1][0]) if parts[0].weight.device.type == "cpu" else None
+
+
 def lean_loras(model) -> list[torch.nn.Module]:
     """``model``'s PEFT LoRA ``Linear`` layers with exactly one active, plain, unmerged
-    adapter (see ``grpokit.speed.weights.linear_parts``), on CPU. A layer with any adapter
-    merged is left alone: PEFT's forward then runs its base layer only."""
-    found = []
-    for mod in _modules(model):
-        if type(mod).__name__ != "Linear" or not type(mod).__module__.startswith("peft."):
-            continue
-        parts = linear_parts(mod)
-        if parts is None or len(parts[1]) != 1 or getattr(mod, "merged", False):
-            continue
-        if parts[0].weight.device.type == "cpu":
-            found.append(mod)
-    return found
+    adapter, on CPU (:func:`_one_adapter`), for :func:`_lean_lora_forward`."""
+    return [m for m in _modules(model) if _one_adapter(m) is not None]
 
 
 @contextlib.contextmanager
 def lean_layers(model, enabled: bool = True, grad: bool = True):
     """Inside the block, ``model``'s gated SiLU MLPs (see :func:`gated_silu_mlps`) keep gate
     and up only, its Llama RMSNorms (:func:`rms_norms`) their input and reciprocal only, and
-    its single-adapter LoRA layers run :class:`DropoutLinear`: the same values, fewer tensors
-    kept for the backward. Not for a model under activation checkpointing (its recomputed
+    its single-adapter LoRA layers run :class:`DropoutLinear` (under autocast
+    :class:`SharedCastLinears` / :class:`SwiGLUDown`): the same values, fewer tensors kept
+    for the backward. Not for a model under activation checkpointing (its recomputed
     forward runs after the block). ``grad=False`` (a no-grad forward, where nothing is kept):
     the RMSNorms and the MLPs' silu(gate) * up only, for their one-pass C forwards. Either
     way the rotary embeddings run :mod:`grpokit.speed.rotary`'s C passes. Yields the number

@@ -314,11 +314,10 @@ def test_lora_dropout_same_values_on_the_same_masks_and_keeps_less(amp, monkeypa
 def test_lora_layers_share_one_cast_same_numbers(p, targets, monkeypatch):
     """Under bf16 autocast the LoRA layers run through SharedCastLinears (q/k/v from one
     cast of their input, gate/up from another; o with its bf16 input; down through
-    SwiGLUDown, its input remade in SiLU's backward pass), each
-    adapter's dropout mask applied to that cast: the same masks drawn in the same order, and
-    the same outputs and gradients as DropoutLinear's path, bit for bit, with fewer kept (no
-    float32 input for the adapters); with adapters on q and v only, k's plain layer joins
-    them."""
+    SwiGLUDown, its input remade in SiLU's backward pass), each adapter's dropout mask
+    applied to that cast: the same masks drawn in the same order, and the same outputs and
+    gradients as DropoutLinear's path, bit for bit, with fewer kept (no float32 input for the
+    adapters); with adapters on q and v only, k's plain layer joins them."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
