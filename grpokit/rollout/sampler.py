@@ -426,8 +426,8 @@ def _choose(logits: torch.Tensor, run: _Running, choice: _Choice, t: int) -> tor
     """The (n,) next tokens of the running rows from their (n, V) logits, in ``generate``'s
     order (repetition penalty, no EOS before min_new_tokens, temperature, top-k, top-p, min-p);
     ``pad_id`` for rows that have ended."""
-    if run.seen is not None:
-        logits = apply_repetition_penalty(logits, run.seen, choice.repetition_penalty)
+    if run.seen is not None:  # (in float32, as generate: the fused step may hand bf16)
+        logits = apply_repetition_penalty(logits.float(), run.seen, choice.repetition_penalty)
     if t < choice.min_new_tokens:
         logits[:, choice.eos] = float("-inf")
     nxt = logits.argmax(-1) if choice.greedy else _draw_tokens(logits, choice)
@@ -440,14 +440,17 @@ def _draw_tokens(logits: torch.Tensor, choice: _Choice) -> torch.Tensor:
     ops below were ~6 ms a step at 32 x 49,152, single-threaded cumsum included); it takes
     its uniforms from the generator as :func:`draw` does, so both choose the same tokens up
     to float rounding at a token's boundary; when a row is not drawable there (NaN, all
-    -inf) the whole step falls back to the torch ops with the same uniforms."""
+    -inf) the whole step falls back to the torch ops with the same uniforms. bf16 logits
+    (the fused decode step's) are drawn from as their float32 values, by the kernel
+    without a float32 copy."""
     u = None
     top_k = choice.top_k if choice.top_k and choice.top_k < logits.shape[-1] else None
-    if top_k is None and choice.top_p >= 1.0 and logits.dtype == torch.float32:
-        u = uniforms(logits.shape[0], logits, choice.generator)
+    if top_k is None and choice.top_p >= 1.0 and logits.dtype in (torch.float32, torch.bfloat16):
+        u = uniforms(logits.shape[0], logits.new_empty(0, dtype=torch.float32), choice.generator)
         nxt = sample_tokens(logits, choice.temperature, choice.min_p, u)
         if nxt is not None:
             return nxt
+    logits = logits.float()
     scores = logits / choice.temperature if choice.temperature != 1.0 else logits
     scores = filter_top_k_top_p(scores, choice.top_k, choice.top_p)
     scores = filter_min_p(scores, choice.min_p)

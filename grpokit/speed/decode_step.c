@@ -10,8 +10,8 @@
  *                        slots once for all their queries, then each row its own slots.
  * decode_add_rms:        the residual add, then Llama's RMSNorm of the sum.
  * decode_silu_mul:       silu(gate) * up from the fused gate/up product's output.
- * decode_sample_f32:     one token a row drawn from softmax(logits / temperature), min-p
- *                        applied (the sampler's work after the head, float32 logits only).
+ * decode_sample_f32/_bf16: one token a row drawn from softmax(logits / temperature),
+ *                        min-p applied (the sampler's work after the head).
  *
  * Rounding follows torch's operations one by one: every value torch rounds to the tensor's
  * dtype (bf16 products in rotary, the residual sum, the norm before its scale, silu before
@@ -478,23 +478,47 @@ static long sample_row(const float* l, int V, float temp, float log_min_p, float
     return last; /* the block's float sum rounded above its running double sum */
 }
 
-long decode_sample_f32(const float* logits, long row, int n, int V, float temp,
-                       float log_min_p, const float* u, int64_t* out) {
+/* Rows at logits + i * row (elements), float32 or (bf16 != 0) bf16. A bf16 row is first
+ * widened into a per-thread float32 row (in cache) with the values torch's .float() makes,
+ * so both forms draw the same tokens; this spares the decode step torch's separate
+ * conversion of the whole (n, V) output into a new tensor. */
+static long sample_rows(const void* logits, int bf16, long row, int n, int V, float temp,
+                        float log_min_p, const float* u, int64_t* out) {
     long bad = 0;
     int nb = (V + SAMPLE_BLOCK - 1) / SAMPLE_BLOCK;
     _Pragma("omp parallel reduction(+ : bad) if ((long)n * V >= 65536)")
     {
         float* e = malloc(sizeof(float) * (size_t)V);
         double* bs = malloc(sizeof(double) * (size_t)nb);
+        float* wide = bf16 ? malloc(sizeof(float) * (size_t)V) : NULL;
         _Pragma("omp for schedule(static)")
         for (long i = 0; i < n; i++) {
-            long j = (e && bs) ? sample_row(logits + i * row, V, temp, log_min_p, u[i], e, bs)
-                               : -1;
+            long j = -1;
+            if (e && bs && (wide || !bf16)) {
+                const float* l = (const float*)logits + i * row;
+                if (bf16) {
+                    const uint16_t* r = (const uint16_t*)logits + i * row;
+                    for (int c = 0; c < V; c++) wide[c] = from_bf16(r[c]);
+                    l = wide;
+                }
+                j = sample_row(l, V, temp, log_min_p, u[i], e, bs);
+            }
             out[i] = j;
             bad += j < 0;
         }
         free(e);
         free(bs);
+        free(wide);
     }
     return bad;
+}
+
+long decode_sample_f32(const float* logits, long row, int n, int V, float temp,
+                       float log_min_p, const float* u, int64_t* out) {
+    return sample_rows(logits, 0, row, n, V, temp, log_min_p, u, out);
+}
+
+long decode_sample_bf16(const uint16_t* logits, long row, int n, int V, float temp,
+                        float log_min_p, const float* u, int64_t* out) {
+    return sample_rows(logits, 1, row, n, V, temp, log_min_p, u, out);
 }

@@ -275,7 +275,9 @@ class FastDecoder:
         attend: torch.Tensor,  # (n, slot + 1) bool: which cache entries each row sees
         chunks=None,  # row_chunks(): rows whose first slots are the same (kernels only)
     ) -> torch.Tensor:
-        """Logits (n, V) in float32 for the next token of each row."""
+        """Logits (n, V) for the next token of each row: float32, or, from the C kernels
+        of a bf16 model, the head's bf16 output (what ``.float()`` would widen exactly; the
+        sampler reads bf16 as it is, sparing a float32 copy of (n, V) a step)."""
         if self.kernels is not None and ids.device.type == "cpu":
             return self._step_kernels(ids, pos, keys, values, slot, attend, chunks)
         n = ids.shape[0]
@@ -335,7 +337,7 @@ class FastDecoder:
         if self.all_layers is not None and USE_STEP_LAYERS:
             self.all_layers(x, h, self._cos, self._sin, pos, keys, values, slot, attend,
                             self.scale, chunks)  # fmt: skip
-            return self.head(h).float()
+            return self.head(h)
         K.add_rms(x, None, L[0].ln1, L[0].eps1, h)
         for i, ly in enumerate(L):
             o = K.rope_attention(
@@ -348,7 +350,7 @@ class FastDecoder:
                 K.add_rms(x, y, L[i + 1].ln1, L[i + 1].eps1, h)
             else:
                 K.add_rms(x, y, self.norm_w, self.norm_eps, h)
-        return self.head(h).float()
+        return self.head(h)
 
 
 @contextlib.contextmanager

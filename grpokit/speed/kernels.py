@@ -152,8 +152,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                        ptr, ptr, ptr, ptr, long_, long_, ptr, long_, f, ptr,
                                        i, long_]  # fmt: skip
     lib.decode_layers_bf16.restype = i
-    lib.decode_sample_f32.argtypes = [ptr, long_, i, i, f, f, ptr, ptr]
-    lib.decode_sample_f32.restype = long_
+    for fn in (lib.decode_sample_f32, lib.decode_sample_bf16):
+        fn.argtypes, fn.restype = [ptr, long_, i, i, f, f, ptr, ptr], long_
     for suffix in ("bf16", "f32"):
         fn = getattr(lib, f"attention_grad_scores_{suffix}")
         fn.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f, ptr, ptr]
@@ -545,14 +545,15 @@ def step_layers(layers, norm_w, norm_eps: float, n_heads: int, n_kv: int, head_d
 def sample_tokens(
     logits: torch.Tensor, temperature: float, min_p: float | None, u: torch.Tensor
 ) -> torch.Tensor | None:
-    """One token a row of ``logits`` (n, V) float32, drawn from ``softmax(logits /
+    """One token a row of ``logits`` (n, V) float32 or bf16, drawn from ``softmax(logits /
     temperature)`` with min-p applied (None or 0: off), by inverse transform with the row's
     uniform ``u`` (n, 1) float32: the sampler's torch path (``filter_min_p``, softmax, cumsum,
     searchsorted) in one C call, the same draw up to float rounding at a token's boundary.
+    bf16 logits draw what their float32 copy (``.float()``) draws, without making it.
     None when the kernel does not apply (no library, another dtype, device or layout) or a
     row is not finite (NaN, +inf, all -inf): the caller keeps torch's operations."""
     if (
-        logits.dtype != torch.float32
+        logits.dtype not in (torch.float32, torch.bfloat16)
         or logits.device.type != "cpu"
         or logits.dim() != 2
         or logits.stride(1) != 1
@@ -568,8 +569,9 @@ def sample_tokens(
     n, V = logits.shape
     out = torch.empty(n, dtype=torch.int64)
     log_min_p = math.log(min_p) if min_p else -math.inf
-    bad = lib.decode_sample_f32(logits.data_ptr(), logits.stride(0), n, V, temperature,
-                                log_min_p, u.data_ptr(), out.data_ptr())  # fmt: skip
+    fn = lib.decode_sample_bf16 if logits.dtype == torch.bfloat16 else lib.decode_sample_f32
+    bad = fn(logits.data_ptr(), logits.stride(0), n, V, temperature, log_min_p, u.data_ptr(),
+             out.data_ptr())  # fmt: skip
     return None if bad else out
 
 

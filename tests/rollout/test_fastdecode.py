@@ -111,7 +111,9 @@ def _three_steps(model, dtype, check) -> FastDecoder:
             )
         keys, values = _layers(cache)
         got = fast.step(tok, nxt_pos + t, keys, values, P + t, mask[:, : P + t + 1].bool())
-        check(got, ref, keys, _layers(cache_ref)[0], P + t + 1)
+        # bf16 logits where a bf16 model runs the C kernels (the sampler reads them as they are)
+        assert got.dtype == (dtype if fast.kernels is not None else torch.float32)
+        check(got.float(), ref, keys, _layers(cache_ref)[0], P + t + 1)
         tok = ref.argmax(-1)
     return fast
 
@@ -173,6 +175,8 @@ def test_the_c_kernels_and_torch_s_ops_give_the_same_step(dtype, monkeypatch):
         kern, fast.kernels = fast.kernels, None
         ref = fast.step(tok, args[0], *_layers(cache_t), *args[1:])
         fast.kernels = kern
+        assert got.dtype == dtype and ref.dtype == torch.float32  # the kernels hand bf16 on
+        got = got.float()
         if dtype == torch.float32:
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
         else:
@@ -237,6 +241,62 @@ def test_greedy_tokens_equal_with_and_without_it(kind):
     torch.manual_seed(3)
     b = sample(model, ids, mask, max_new_tokens=10, eos_ids=[], pad_id=0, fused_decode=True)
     assert torch.equal(a, b)  # the same draws from the same distribution
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=0.9, min_p=0.02),  # the sampler's C kernel
+        dict(temperature=0.9, top_p=0.9),  # torch's ops
+        dict(temperature=1.2, repetition_penalty=1.3, min_new_tokens=4),
+        dict(greedy=True),
+    ],
+    ids=["c-draw", "top-p", "penalty", "greedy"],
+)
+def test_bf16_step_logits_draw_what_their_float32_copy_draws(kw, monkeypatch):
+    """A bf16 model's fused step hands the sampler its bf16 logits: every way of choosing a
+    token (the C draw, top-p's torch ops, the repetition penalty and min_new_tokens in
+    float32 as generate applies them, greedy) picks the tokens it picks from the logits
+    widened to float32 first, from the same generator."""
+    model = _model("llama", torch.bfloat16)
+    ids, mask, _, _ = _prefilled(model, P=6, extra=0)
+    real, dtypes = FastDecoder.step, []
+
+    def run(widen: bool):
+        def step(self, *a, **k):
+            out = real(self, *a, **k)
+            dtypes.append(out.dtype)
+            return out.float() if widen else out
+
+        monkeypatch.setattr(FastDecoder, "step", step)
+        g = torch.Generator().manual_seed(11)
+        return sample(model, ids, mask, max_new_tokens=12, eos_ids=[], pad_id=0, num_samples=3,
+                      generator=g, **kw)  # fmt: skip
+
+    got, want = run(False), run(True)
+    assert got.shape == (9, 12) and torch.equal(got, want)
+    assert dtypes and all(
+        d == (torch.bfloat16 if _has_kernels() else torch.float32) for d in dtypes
+    )
+
+
+def test_the_repetition_penalty_on_bf16_logits_is_applied_in_float32():
+    """3.0 / 1.3 is 2.3077 in float32, below the unseen token's 2.3125, but 2.3125 in bf16, a
+    tie that greedy breaks towards the seen token: the penalty must widen bf16 logits first,
+    as generate applies it to float32 logits."""
+    from grpokit.rollout.sampler import _Choice, _choose, _Running
+
+    logits = torch.tensor([[3.0, 2.3125, -1.0]], dtype=torch.bfloat16)
+    choice = _Choice(torch.tensor([2]), 0, True, 1.0, 1.0, None, None, 1.3, 0, None)
+    run = _Running.start(torch.ones(1, 4), torch.zeros(1, 1), seen=torch.tensor([[0]]))
+    assert _choose(logits, run, choice, 0).tolist() == [1]
+    assert _choose(logits.float(), run, choice, 0).tolist() == [1]
+
+
+def _has_kernels() -> bool:
+    from grpokit.speed.kernels import step_kernels
+
+    return step_kernels(torch.bfloat16, 6, 2, 8) is not None
 
 
 def test_models_it_does_not_reproduce_are_left_alone():

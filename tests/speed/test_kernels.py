@@ -142,6 +142,26 @@ def test_sample_kernel_draws_what_the_torch_ops_draw(V, temperature, min_p):
 
 
 @needs_cc
+@pytest.mark.parametrize("min_p", [None, 0.05])
+def test_sample_kernel_draws_from_bf16_what_their_float32_copy_draws(min_p):
+    """bf16 logits (a bf16 model's decode step), a row stride other than V included: the
+    tokens the kernel draws from their float32 copy, from the same uniforms; the same for a
+    row it cannot draw (left to torch's ops)."""
+    gen = torch.Generator().manual_seed(9)
+    wide = (torch.randn(48, 49_157, generator=gen) * 4).bfloat16()
+    logits = wide[:, :49_152]
+    logits[:, :4_000] = float("-inf")
+    u = torch.rand(48, 1, generator=gen)
+    got = kernels.sample_tokens(logits, 0.8, min_p, u)
+    assert got is not None and torch.equal(
+        got, kernels.sample_tokens(logits.float(), 0.8, min_p, u)
+    )
+    assert torch.equal(got, _torch_draw(logits.float(), 0.8, min_p, u))
+    logits[7, 9] = float("nan")
+    assert kernels.sample_tokens(logits, 0.8, min_p, u) is None
+
+
+@needs_cc
 def test_sample_kernel_is_an_exact_categorical_sample():
     probs = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0] + [0.0] * 600)  # past one 512 block
     probs[600] = 0.25
@@ -164,7 +184,7 @@ def test_sample_kernel_leaves_what_it_cannot_draw_to_torch():
         x[1, 3] = bad
         assert kernels.sample_tokens(x, 1.0, None, u) is None
     assert kernels.sample_tokens(torch.full((2, 10), float("-inf")), 1.0, None, u) is None
-    assert kernels.sample_tokens(ok.to(torch.bfloat16), 1.0, None, u) is None
+    assert kernels.sample_tokens(ok.half(), 1.0, None, u) is None
     assert kernels.sample_tokens(ok.t().contiguous().t(), 1.0, None, u) is None  # columns
     assert kernels.sample_tokens(ok, 1.0, None, u.double()) is None
     assert kernels.sample_tokens(ok, 1.0, None, u[:1]) is None
