@@ -14,6 +14,11 @@ from grpokit.batch import Batch
 from grpokit.checkpoint import fault_point
 from grpokit.metrics import TokenWeightedMeans
 from grpokit.speed.attention import training_attention
+from grpokit.speed.layers import step_casts
+
+# Under autocast, one cast of each trained weight for all of an optimizer step's micro-batches
+# (the weights change only at the step), not one a micro-batch. False: for comparisons.
+STEP_CASTS = True
 
 
 @dataclass(frozen=True)
@@ -81,40 +86,41 @@ class GradientPass:
         # the bonus tokens' entropy sum and count, the policy terms' sum
         window = torch.zeros(3, dtype=torch.float64)
         bonus_w = self._bonus_weights(b.loss_mask)
-        for sl in micro_batches:
-            with training_attention(self.own_attention):
-                logp, ent = self.logprobs(self.model, b.rollout, sl, with_entropy=True)
-            if record is not None:
-                record[sl] = logp.detach()
-            is_w, is_m = self._sampling_weights(b, sl, logp, res.means)
-            loss, m = policy_loss(
-                logp,
-                None if b.old_logp is None else b.old_logp[sl],
-                None if b.ref_logp is None else b.ref_logp[sl],
-                b.advantages[sl],
-                b.loss_mask[sl],
-                **self.loss_args,
-                num_sequences=num_seqs,
-                num_tokens=num_tokens,
-                entropy=ent,
-                is_weights=is_w,
-                sampling_logp=None if s_logps is None else s_logps[sl],
-            )
-            m.update(is_m)
-            if self.loss_args["loss_type"] == "bnpo":  # average over micro-batches/ranks
-                loss = loss / per_mb
-            if self.entropy is not None:
-                w = None if bonus_w is None else bonus_w[sl]
-                window[2] += loss.item()  # the policy term before the bonus (TRL's policy_loss)
-                loss = self._minus_bonus(loss, ent, b.loss_mask[sl], per_mb, window, w)
-            if not torch.isfinite(loss):
-                res.finite = False
-                if not self.strategy.every_rank_runs_backward:
-                    break
-            self.strategy.backward(self.model, loss)
-            fault_point("backward", step)
-            res.loss_sum += loss.item()
-            res.means.add(m, b.loss_mask[sl].sum().item())
+        with step_casts(STEP_CASTS and not self.strategy.sharded):
+            for sl in micro_batches:
+                with training_attention(self.own_attention):
+                    logp, ent = self.logprobs(self.model, b.rollout, sl, with_entropy=True)
+                if record is not None:
+                    record[sl] = logp.detach()
+                is_w, is_m = self._sampling_weights(b, sl, logp, res.means)
+                loss, m = policy_loss(
+                    logp,
+                    None if b.old_logp is None else b.old_logp[sl],
+                    None if b.ref_logp is None else b.ref_logp[sl],
+                    b.advantages[sl],
+                    b.loss_mask[sl],
+                    **self.loss_args,
+                    num_sequences=num_seqs,
+                    num_tokens=num_tokens,
+                    entropy=ent,
+                    is_weights=is_w,
+                    sampling_logp=None if s_logps is None else s_logps[sl],
+                )
+                m.update(is_m)
+                if self.loss_args["loss_type"] == "bnpo":  # average over micro-batches/ranks
+                    loss = loss / per_mb
+                if self.entropy is not None:
+                    w = None if bonus_w is None else bonus_w[sl]
+                    window[2] += loss.item()  # the policy term before the bonus (TRL's policy_loss)
+                    loss = self._minus_bonus(loss, ent, b.loss_mask[sl], per_mb, window, w)
+                if not torch.isfinite(loss):
+                    res.finite = False
+                    if not self.strategy.every_rank_runs_backward:
+                        break
+                self.strategy.backward(self.model, loss)
+                fault_point("backward", step)
+                res.loss_sum += loss.item()
+                res.means.add(m, b.loss_mask[sl].sum().item())
         if record is not None and res.finite:
             b.old_logp = record  # (a skipped micro-batch loop leaves it None: recorded again)
         if self.entropy is not None:  # every rank ran the loop: the collective is safe

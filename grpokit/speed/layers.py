@@ -500,8 +500,28 @@ def transposer():
 # Inside lean_layers: the weights' casts to the autocast dtype made in this block, as
 # autocast's own cache keeps them for its region (one cast a weight a forward, however many
 # times the shared-prompt forward runs the layers); {id(weight): (weight, version, cast)}.
-# A frozen weight's cast is kept on the weight itself, across blocks (see _cast).
+# Inside step_casts, every lean_layers block shares that block's cache. A frozen weight's
+# cast is kept on the weight itself, across blocks (see _cast).
 _CASTS: list[dict] = []
+_STEP_CASTS: list[dict] = []
+
+
+@contextlib.contextmanager
+def step_casts(enabled: bool = True):
+    """One cast of each trained weight for every training forward inside the block (an
+    optimizer step's micro-batches: the weights change only at the step, after the block),
+    not one a micro-batch. The casts are those the backward keeps anyway, so the memory peak
+    does not grow; they are dropped at the block's end, before the optimizer step. The
+    caller must not update the weights inside (fused AdamW writes in place without bumping
+    the version counters that would otherwise tell)."""
+    if not enabled:
+        yield
+        return
+    _STEP_CASTS.append({})
+    try:
+        yield
+    finally:
+        _STEP_CASTS.pop()
 
 
 def _cast(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -933,7 +953,7 @@ def lean_layers(model, enabled: bool = True, grad: bool = True):
         swaps += [sw for m in qkv_attentions(mods) for sw in _shared_qkv(m)]
     for m, fwd in swaps:
         m.forward = types.MethodType(fwd, m)
-    _CASTS.append({})
+    _CASTS.append(_STEP_CASTS[-1] if _STEP_CASTS else {})
     try:
         with lean_rotary(mods, enabled) as n_rotary:
             yield len(swaps) + n_rotary

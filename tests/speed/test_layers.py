@@ -530,6 +530,41 @@ def test_frozen_linear_casts_once_and_again_after_a_change():
     assert "forward" not in model[0].__dict__  # the layer is itself again after the block
 
 
+def test_step_casts_one_cast_a_weight_for_all_micro_batches(monkeypatch):
+    """Two micro-batches, each its own lean_layers block under bf16 autocast, accumulating
+    gradients: inside ``step_casts`` the second block reuses the first block's cast of every
+    trained weight (half the casts), the gradients bit for bit those of a cast a block, and
+    nothing is kept after the block."""
+    made = []
+    real = layers._cast
+
+    def spy(w, dtype):
+        c = real(w, dtype)
+        made.append(c)
+        return c
+
+    monkeypatch.setattr(layers, "_cast", spy)
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, SHAPE["vocab_size"], (2, 11), generator=g) for _ in range(2)]
+
+    def step(shared: bool):
+        model = _llama()
+        made.clear()
+        with layers.step_casts(shared):
+            for ids in batches:
+                with lean_layers(model), torch.autocast("cpu", torch.bfloat16):
+                    out = model(input_ids=ids).logits
+                (out.float() ** 2).mean().backward()
+        assert not layers._STEP_CASTS
+        casts = len({id(c) for c in made})
+        return casts, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    (casts0, g0), (casts1, g1) = step(False), step(True)
+    per_block = SHAPE["num_hidden_layers"] * 7  # q, k, v, o, gate, up, down
+    assert casts0 == 2 * per_block and casts1 == per_block
+    assert g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
+
+
 def test_weight_grads_transpose_the_narrower_operand_first(monkeypatch):
     """weight_grads gives each g^T x in the weight's dtype; where the transposer applies (on
     AMX; forced here) a gradient with fewer columns than the input (a down projection, k/v)
