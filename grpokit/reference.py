@@ -7,6 +7,7 @@ import copy
 
 import torch
 
+from grpokit.speed.layers import adapters_off
 from grpokit.speed.weights import lower_frozen_linears
 
 
@@ -44,7 +45,7 @@ class Reference:
         """(N, C) reference log-probs of the rollout's completions."""
         if self.copy is not None:
             return forward.no_grad(self.copy, ro, micro_batches)
-        with self.policy.disable_adapter():  # LoRA: the base model is the reference
+        with adapters_off(self.policy):  # LoRA: the base model is the reference
             return forward.no_grad(self.policy, ro, micro_batches)
 
     def after_step(self, step: int) -> None:

@@ -932,6 +932,55 @@ def lean_loras(model) -> list[torch.nn.Module]:
     return [m for m in _modules(model) if _one_adapter(m) is not None]
 
 
+# The reference forward of a LoRA policy switches its adapters off with adapters_off's own
+# swap where it applies (False: PEFT's disable_adapter always; for comparisons)
+OWN_ADAPTER_SWITCH = True
+_PEFT_WRAPPERS = ("PeftModel", "LoraModel")
+
+
+def _plain_lora_layers(model) -> list[torch.nn.Module] | None:
+    """Every PEFT layer of ``model`` when each is a LoRA ``Linear`` with one plain, active,
+    unmerged adapter on CPU (:func:`_one_adapter`) and nothing else of PEFT's is inside
+    (modules_to_save wrappers, other tuners, prompt learning); else None."""
+    layers = []
+    for m in model.modules():
+        cls = type(m)
+        if not cls.__module__.startswith("peft."):
+            continue
+        if cls.__name__.startswith(_PEFT_WRAPPERS):
+            continue
+        if _one_adapter(m) is None or "forward" in m.__dict__:  # (another swap's)
+            return None
+        layers.append(m)
+    return layers
+
+
+def _base_forward(self, x, *args, **kwargs):
+    return self.base_layer(x, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def adapters_off(model):
+    """``model`` (a PEFT LoRA model) computing its base model inside the block: what PEFT's
+    ``disable_adapter()`` gives (a disabled LoRA layer returns its base layer's output), by
+    giving each LoRA layer its base layer's forward for the block. PEFT's own switch enters
+    and leaves every layer (~0.1 s a reference forward of SmolLM2-135M with LoRA on every
+    linear layer, ~2,500 modules); this one walks once. Anything but plain single-adapter LoRA
+    layers keeps PEFT's switch."""
+    layers = _plain_lora_layers(model) if OWN_ADAPTER_SWITCH else None
+    if not layers:
+        with model.disable_adapter():
+            yield
+        return
+    for m in layers:
+        m.forward = types.MethodType(_base_forward, m)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.__dict__.pop("forward", None)
+
+
 @contextlib.contextmanager
 def lean_layers(model, enabled: bool = True, grad: bool = True):
     """Inside the block, ``model``'s gated SiLU MLPs (see :func:`gated_silu_mlps`) keep gate

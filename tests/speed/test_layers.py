@@ -565,6 +565,66 @@ def test_step_casts_one_cast_a_weight_for_all_micro_batches(monkeypatch):
     assert g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
 
 
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16-autocast"])
+def test_adapters_off_computes_what_peft_s_disable_adapter_computes(amp, monkeypatch):
+    """The reference forward of a LoRA policy (train mode, dropout on, no grad, lean_layers):
+    with adapters_off's own switch the logits are PEFT's disable_adapter() logits bit for bit,
+    not the adapted ones; after the block the adapters are on again and nothing of the swap
+    is left; a model with anything but plain LoRA layers (modules_to_save) keeps PEFT's."""
+    from peft import LoraConfig, get_peft_model
+
+    def lora(**kw):
+        torch.manual_seed(0)
+        m = get_peft_model(
+            LlamaForCausalLM(LlamaConfig(**SHAPE)),
+            LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.2, **kw),
+        )
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.1)
+        return m.train()
+
+    ids = torch.randint(0, SHAPE["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(1))
+
+    def logits(model, switch):
+        with torch.no_grad(), switch(model), lean_layers(model, grad=False):
+            with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+                return model(input_ids=ids).logits
+
+    calls = []
+    real = type(lora()).disable_adapter
+
+    def counted(self):
+        calls.append(1)
+        return real(self)
+
+    monkeypatch.setattr(type(lora()), "disable_adapter", counted)
+    model = lora()
+    want = logits(model, lambda m: m.disable_adapter())
+    calls.clear()
+    got = logits(model, layers.adapters_off)
+    assert not calls and torch.equal(got, want)
+    model.eval()
+    with torch.no_grad():
+        on = model(input_ids=ids).logits
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    with torch.no_grad(), layers.adapters_off(model):
+        off = model(input_ids=ids).logits
+    assert not torch.equal(off, on)  # the adapters did change the logits
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, on)  # and are on again
+    saving = lora(modules_to_save=["lm_head"])
+    assert layers._plain_lora_layers(saving) is None
+    want = logits(saving, lambda m: m.disable_adapter())
+    calls.clear()
+    assert torch.equal(logits(saving, layers.adapters_off), want) and calls == [1]
+    monkeypatch.setattr(layers, "OWN_ADAPTER_SWITCH", False)
+    calls.clear()
+    logits(model, layers.adapters_off)
+    assert calls == [1]
+
+
 def test_weight_grads_transpose_the_narrower_operand_first(monkeypatch):
     """weight_grads gives each g^T x in the weight's dtype; where the transposer applies (on
     AMX; forced here) a gradient with fewer columns than the input (a down projection, k/v)
