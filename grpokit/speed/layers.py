@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.speed import kernels
-from grpokit.speed.rotary import lean_rotary
+from grpokit.speed.rotary import lean_rotary, walked_modules
 from grpokit.speed.weights import linear_parts
 
 # RMSNorm through the C kernels where they build and apply (False: torch's operations; for
@@ -592,8 +592,8 @@ SHARED_LORA_CASTS = True
 
 def lora_parts(mod):
     """(base layer, A, B, dropout probability, scaling) of PEFT's LoRA ``Linear`` on CPU with
-    one active plain unmerged adapter (:func:`_one_adapter`) whose
-    :class:`SharedCastLinears` form is PEFT's forward: a bias-free frozen base layer, bias-free A and B, ``nn.Dropout`` (its
+    one active plain unmerged adapter (:func:`_one_adapter`) whose :class:`SharedCastLinears`
+    form is PEFT's forward: a bias-free frozen base layer, bias-free A and B, ``nn.Dropout`` (its
     probability in training, 0 in eval) or ``nn.Identity``, a number for the scaling; the
     probability is 0 without dropout and the scaling includes its ``1 / (1 - p)``. None for
     anything else (and with :data:`SHARED_LORA_CASTS` off)."""
@@ -775,7 +775,7 @@ def qkv_attentions(model) -> list[torch.nn.Module]:
     names = ("q_proj", "k_proj", "v_proj")
     return [
         m
-        for m in _modules(model)
+        for m in walked_modules(model)
         if _same_code(m, ref) and all(_shareable(getattr(m, n, None)) for n in names)
     ]
 
@@ -811,7 +811,7 @@ def frozen_linears(model) -> list[torch.nn.Module]:
     LoRA adapter's base layers, a frozen reference), for :func:`_frozen_cast_forward`."""
     return [
         m
-        for m in _modules(model)
+        for m in walked_modules(model)
         if type(m) is torch.nn.Linear
         and not m.weight.requires_grad
         and m.weight.dtype == torch.float32
@@ -860,6 +860,10 @@ def _llama_forward(name: str):
 _SAME_CODE: dict = {}  # (a class's forward, ref) -> whether their code is the same
 
 
+def _code_key(code) -> tuple:
+    return code.co_code, code.co_names, code.co_consts
+
+
 def _same_code(mod, ref) -> bool:
     """Whether ``mod``'s class runs exactly ``ref``'s forward (bytecode, names, constants);
     remembered per (forward function, ``ref``): a LoRA model has thousands of modules, and
@@ -872,21 +876,9 @@ def _same_code(mod, ref) -> bool:
     if hit is None:
         code = getattr(inspect.unwrap(fwd), "__code__", None)
         r = inspect.unwrap(ref).__code__  # (under decorators such as deprecate_kwarg)
-        hit = code is not None and (code.co_code, code.co_names, code.co_consts) == (
-            r.co_code,
-            r.co_names,
-            r.co_consts,
-        )
+        hit = code is not None and _code_key(code) == _code_key(r)
         _SAME_CODE[key] = hit
     return hit
-
-
-def _modules(model_or_modules):
-    """The modules of a model, or a list of them already walked (:func:`lean_layers` walks a
-    model once for all its scans: ~7 ms a walk for SmolLM2-135M with LoRA's 2,500 modules)."""
-    if isinstance(model_or_modules, list):
-        return model_or_modules
-    return model_or_modules.modules()
 
 
 def _is_silu(act) -> bool:
@@ -902,7 +894,9 @@ def gated_silu_mlps(model) -> list[torch.nn.Module]:
     activation is SiLU."""
     ref = _llama_forward("LlamaMLP")
     return [
-        m for m in _modules(model) if _same_code(m, ref) and _is_silu(getattr(m, "act_fn", None))
+        m
+        for m in walked_modules(model)
+        if _same_code(m, ref) and _is_silu(getattr(m, "act_fn", None))
     ]
 
 
@@ -910,7 +904,7 @@ def rms_norms(model) -> list[torch.nn.Module]:
     """The norm modules of ``model`` whose class runs transformers' ``LlamaRMSNorm.forward``
     (Llama, Mistral, Qwen2/3, SmolLM3 share it; Gemma's ``1 + weight`` does not)."""
     ref = _llama_forward("LlamaRMSNorm")
-    return [m for m in _modules(model) if _same_code(m, ref)]
+    return [m for m in walked_modules(model) if _same_code(m, ref)]
 
 
 def _one_adapter(mod):
@@ -929,7 +923,7 @@ def _one_adapter(mod):
 def lean_loras(model) -> list[torch.nn.Module]:
     """``model``'s PEFT LoRA ``Linear`` layers with exactly one active, plain, unmerged
     adapter, on CPU (:func:`_one_adapter`), for :func:`_lean_lora_forward`."""
-    return [m for m in _modules(model) if _one_adapter(m) is not None]
+    return [m for m in walked_modules(model) if _one_adapter(m) is not None]
 
 
 # The reference forward of a LoRA policy switches its adapters off with adapters_off's own

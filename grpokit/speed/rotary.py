@@ -101,12 +101,20 @@ def _same_function(fn, ref) -> bool:
     return (a.co_code, a.co_names, a.co_consts) == (b.co_code, b.co_names, b.co_consts)
 
 
+def walked_modules(model_or_modules):
+    """The modules of a model, or a list of them already walked (``layers.lean_layers`` walks
+    a model once for all its scans: ~7 ms a walk for SmolLM2-135M with LoRA's 2,500 modules)."""
+    if isinstance(model_or_modules, list):
+        return model_or_modules
+    return model_or_modules.modules()
+
+
 def rotary_modules(model) -> list:
     """The Python modules whose ``apply_rotary_pos_emb`` ``model``'s attention layers call
     and which is exactly Llama's (``model``: a model, or the list of its modules)."""
     ref = _llama_rotary()
     found, seen = {}, set()
-    for m in model if isinstance(model, list) else model.modules():
+    for m in walked_modules(model):
         if type(m) in seen:  # (one look a class)
             continue
         seen.add(type(m))
