@@ -203,6 +203,23 @@ def rtol_for(name: str) -> float:
 ISA_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
 
 
+def near_tie(name: str, problems: list[str]) -> str | None:
+    """The one difference a bf16 run may show across CPUs, or None.
+
+    A bf16 run samples from bf16 logits, and CPUs sum bf16 products in different orders (AMX
+    tiles, or vector widths chosen by the compiler's tuning for the CPU that built the C
+    kernels): where the sampler's uniform draw lands within ~1e-3 of the boundary between two
+    tokens, one CPU draws one and another its neighbour. Measured: an AMD EPYC family 25 model
+    17 (GCC tunes for znver3) drew ``...Z\ufffdal`` where the file, pinned on family 26 model 2,
+    has ``...Z\ufffdas`` (the last token of one completion of the last step), every number of
+    the run within tolerance. So a bf16 run may differ in the text of ONE completion when
+    that is its only difference; two, or any number out of tolerance, still fail."""
+    if not TINY_RUNS.get(name, {}).get("bf16") or len(problems) != 1:
+        return None
+    line = problems[0]
+    return line if line.startswith("/completions[") and "]/completion: " in line else None
+
+
 def golden_path(name: str) -> Path:
     return GOLDEN / f"{name}.json"
 
@@ -248,6 +265,10 @@ def main(argv=None) -> int:
                 continue
             want = json.loads(golden_path(name).read_text())
             d = diff(want, got, exact=a.exact, rtol=rtol_for(name))
+            tie = None if a.exact else near_tie(name, d)
+            if tie:
+                print(f"{name}: one completion drew another token at a near tie: {tie}")
+                d = []
             failed += bool(d)
             if d:  # keep what this run logged, to look into the differences
                 kept = Path(tempfile.gettempdir()) / f"golden-{name}.got.json"
