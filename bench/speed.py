@@ -891,12 +891,15 @@ def summarize(res: dict, mu: int, warmup_rounds: int = 1, spec: dict | None = No
     lengths = [r[0]["mean_length"] for r in rounds if r[0]["mean_length"] is not None]
     out["mean_length"] = statistics.mean(lengths) if lengths else float("nan")
     if res.get("body_params") and all(r[0].get("prompt_tokens") for r in rounds):
-        # model FLOPs of a step's forward + backward: 6 x parameters x tokens, the output
-        # layer counted for completion tokens only (attention scores left out)
+        # model FLOPs of a step's forward + backward: 6 x parameters x tokens (forward,
+        # input gradients, weight gradients; 4 with LoRA, whose frozen weights get no
+        # gradient: the adapters' products are < 1% of it), the output layer counted for
+        # completion tokens only (attention scores left out)
+        k = 4 if (spec or {}).get("use_peft") else 6
         rates = []
         for r in rounds:
             comp, prompt = r[0]["tokens"], r[0]["prompt_tokens"]
-            flops = 6 * res["body_params"] * (prompt + comp) + 6 * res["head_params"] * comp
+            flops = k * res["body_params"] * (prompt + comp) + k * res["head_params"] * comp
             rates.append(flops * mu / sum(s["training"] for s in r) / 1e9)
         out["train_gflops"] = statistics.median(rates)
         if all(s.get("forward_positions") for r in rounds for s in r):
@@ -905,8 +908,8 @@ def summarize(res: dict, mu: int, warmup_rounds: int = 1, spec: dict | None = No
             # included), the output layer for completion tokens only
             rates = [
                 sum(
-                    6 * res["body_params"] * s["forward_positions"]
-                    + 6 * res["head_params"] * r[0]["tokens"]
+                    k * res["body_params"] * s["forward_positions"]
+                    + k * res["head_params"] * r[0]["tokens"]
                     for s in r
                 )
                 / sum(s["training"] for s in r)
@@ -1019,9 +1022,13 @@ def format_table(name: str, label: str, rows: dict[str, dict]) -> str:
     row("other s", "other")
     row("tokens generated / s", "tokens_per_s", "{:.0f}")
     row("mean completion length", "mean_length", "{:.1f}")
-    row("training GFLOP/s, model FLOPs (6 x params x each row's tokens)", "train_gflops", "{:.0f}")
+    row(
+        "training GFLOP/s, model FLOPs (6 x params x each row's tokens; LoRA 4 x)",
+        "train_gflops",
+        "{:.0f}",
+    )
     row(f"... of this machine's {dt} matmul GFLOP/s", "train_of_peak", "{:.0%}")
-    row("training GFLOP/s executed (6 x params x positions run)", "exec_gflops", "{:.0f}")
+    row("training GFLOP/s executed (6 x params x positions run; LoRA 4 x)", "exec_gflops", "{:.0f}")
     row(f"... of this machine's {dt} matmul GFLOP/s ", "exec_of_peak", "{:.0%}")
     row(f"{dt} matmul GFLOP/s, 2048^3 (same process, best of 5)", "matmul_gflops", "{:.0f}")
     row(f"{dt} GFLOP/s of this model's own products (2048 rows)", "model_gemm_gflops", "{:.0f}")

@@ -57,6 +57,23 @@ def test_summary_reports_the_ratio_to_the_limit():
     assert sm["read_gbps"] == 1.0
 
 
+def test_training_rates_count_no_weight_gradients_for_lora():
+    """Full fine-tuning runs 6 x params a token (forward, input and weight gradients); LoRA's
+    frozen weights get no gradient, so 4 x: counting 6 would overstate LoRA's rate by half."""
+    step = {"step": 1.0, "generation": 0.2, "scoring": 0.0, "reference": 0.2, "training": 0.5,
+            "other": 0.0, "tokens": 6, "prompt_tokens": 8, "max_length": 4,
+            "mean_length": 3.0, "forward_positions": 10}  # fmt: skip
+    res = {**RES, "compute_dtype": "bf16", "matmul_gflops": {"bf16": 1.0}, "steps": [step] * 2}
+    full = speed.summarize(res, 1, spec=SPEC)
+    lora = speed.summarize(res, 1, spec={**SPEC, "use_peft": True})
+    flops = 100 * (8 + 6) + 10 * 6  # params x tokens: body on all, head on completions
+    assert full["train_gflops"] == pytest.approx(6 * flops / 0.5 / 1e9)
+    assert lora["train_gflops"] == pytest.approx(4 * flops / 0.5 / 1e9)
+    executed = 100 * 10 + 10 * 6  # body on the positions run, head on completions
+    assert full["exec_gflops"] == pytest.approx(6 * executed / 0.5 / 1e9)
+    assert lora["exec_gflops"] == pytest.approx(4 * executed / 0.5 / 1e9)
+
+
 def test_profile_by_shapes_names_each_product_by_its_operands_and_counts_it():
     import torch
 
