@@ -20,17 +20,25 @@
  * results match it within float32 rounding before the bf16 cast.
  *
  * Without AMX at build time (-march=native on another CPU) the functions exist and
- * amx_linear_ready returns 0. */
+ * amx_linear_ready returns 0.
+ *
+ * The same packed layout feeds AVX512-BF16's VDPBF16PS (avx512_linear_bf16 below, for CPUs
+ * with native bf16 but no AMX, such as AMD's Zen 4 and 5): a tile row, 32 bf16, is one
+ * 512-bit register of 16 columns' pairs for one pair of K, and the instruction multiplies it
+ * by one pair of x broadcast to all lanes. packed_linear_bf16 runs either. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__x86_64__)
+#define HAVE_AVX512BF16 1
+#include <immintrin.h>
+#endif
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
     defined(__x86_64__) && defined(__linux__)
 #define HAVE_AMX 1
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -175,4 +183,105 @@ int amx_linear_bf16(const uint16_t* x, long M, long K, const uint16_t* packed, l
     (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)y;
     return -1;
 #endif
+}
+
+#ifdef HAVE_AVX512BF16
+/* Rows 0..R-1 of x (row stride K) times column blocks 0..B-1 of w (a block's K/32 chunks of
+ * 512 values each, blocks one after another) into y's columns col .. col + 16 B - 1 (+ bias).
+ * R x B float32 sums of 16 lanes stay in registers for all of K (R = 8, B = 3: 24 of the 32
+ * registers); per pair of K, B weight loads and R broadcasts of x's pair. Sums: float32 over
+ * the pairs of K in order, then one rounding to bf16 (nearest even). R and B are constants
+ * at each call (the function is inlined), so the arrays below are registers. */
+static inline __attribute__((always_inline)) void dp_block(const uint16_t* x, long K, int R,
+                                                           const uint16_t* w, long chunks, int B,
+                                                           const uint16_t* bias, long col,
+                                                           uint16_t* y, long N) {
+    __m512 acc[8][3];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
+    for (long kc = 0; kc < chunks; kc++) {
+        const uint16_t* wk = w + kc * 512;
+        const uint16_t* xk = x + kc * 32;
+        for (int p = 0; p < 16; p++) {
+            __m512bh wv[3];
+            for (int b = 0; b < B; b++)
+                wv[b] = (__m512bh)_mm512_loadu_si512(wk + (long)b * chunks * 512 + p * 32);
+            for (int r = 0; r < R; r++) {
+                int32_t pair;
+                memcpy(&pair, xk + (long)r * K + 2 * p, sizeof pair);
+                __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+                for (int b = 0; b < B; b++) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xv, wv[b]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < B; b++) {
+            __m512 v = acc[r][b];
+            if (bias) {
+                __m256i bb = _mm256_loadu_si256((const __m256i*)(bias + col + 16 * b));
+                v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bb), 16)));
+            }
+            _mm256_storeu_si256((__m256i*)(y + (long)r * N + col + 16 * b),
+                                (__m256i)_mm512_cvtneps_pbh(v));
+        }
+}
+
+/* All M rows for B (1..3) blocks starting at block b0: rows 8 at a time, then 4, 2, 1. */
+static void dp_rows(const uint16_t* x, long M, long K, const uint16_t* packed, long chunks,
+                    long b0, int B, const uint16_t* bias, uint16_t* y, long N) {
+    const uint16_t* w = packed + b0 * chunks * 512;
+    long col = b0 * 16, r = 0;
+#define DP_CASE(RR)                                                                           \
+    for (; r + RR <= M; r += RR) {                                                            \
+        if (B == 3) dp_block(x + r * K, K, RR, w, chunks, 3, bias, col, y + r * N, N);        \
+        else if (B == 2) dp_block(x + r * K, K, RR, w, chunks, 2, bias, col, y + r * N, N);   \
+        else dp_block(x + r * K, K, RR, w, chunks, 1, bias, col, y + r * N, N);               \
+    }
+    DP_CASE(8)
+    DP_CASE(4)
+    DP_CASE(2)
+    DP_CASE(1)
+#undef DP_CASE
+}
+#endif
+
+/* amx_linear_bf16's product on AVX512-BF16 (same packed weights, arguments and result up to
+ * float32 summation order); the two threads split the column blocks, three at a time.
+ * Returns 0, or -1 when this build has no AVX512-BF16 or the shapes do not fit. */
+int avx512_linear_bf16(const uint16_t* x, long M, long K, const uint16_t* packed, long N,
+                       const uint16_t* bias, uint16_t* y) {
+#ifdef HAVE_AVX512BF16
+    if (M < 1 || K < 32 || K % 32 || N < 16 || N % 16) return -1;
+    long chunks = K / 32, blocks = N / 16, groups = (blocks + 2) / 3;
+    _Pragma("omp parallel for schedule(static)")
+    for (long g = 0; g < groups; g++) {
+        long b0 = 3 * g;
+        int B = blocks - b0 < 3 ? (int)(blocks - b0) : 3;
+        dp_rows(x, M, K, packed, chunks, b0, B, bias, y, N);
+    }
+    return 0;
+#else
+    (void)x; (void)M; (void)K; (void)packed; (void)N; (void)bias; (void)y;
+    return -1;
+#endif
+}
+
+/* What packed_linear_bf16 can run here: 2 AMX (this process granted the tiles), 1
+ * AVX512-BF16, 0 neither. */
+int packed_linear_isa(void) {
+    if (amx_linear_ready()) return 2;
+#ifdef HAVE_AVX512BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* The packed product on AMX (isa 2) or AVX512-BF16 (isa 1): the caller chooses, so that a
+ * process told to keep off AMX (oneDNN capped below it) keeps its products off it too. */
+int packed_linear_bf16(int isa, const uint16_t* x, long M, long K, const uint16_t* packed,
+                       long N, const uint16_t* bias, uint16_t* y) {
+    if (isa == 2) return amx_linear_bf16(x, M, K, packed, N, bias, y);
+    if (isa == 1) return avx512_linear_bf16(x, M, K, packed, N, bias, y);
+    return -1;
 }

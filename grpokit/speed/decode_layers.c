@@ -1,11 +1,11 @@
 /* A decode step's decoder layers in one call, for grpokit's decode loop where every product of
- * the layers runs on AMX (grpokit/speed/fastdecode.py, FastDecoder._step_kernels;
+ * the layers runs on AMX or AVX512-BF16 (isa 2 or 1, amx_linear.c; grpokit/speed/fastdecode.py, FastDecoder._step_kernels;
  * grpokit/speed/kernels.py builds and loads this file with the others and checks every
  * shape before calling).
  *
  * The same kernels in the same order as the per-layer Python loop it replaces, so the values
  * are bit-identical to it: before the first layer its input norm; per layer the fused q/k/v
- * product (amx_linear.c), rotary + cache write + attention (decode_step.c), the output
+ * product (packed_linear_bf16), rotary + cache write + attention (decode_step.c), the output
  * product, the residual add + post-attention norm, the fused gate/up product, SiLU x up, the
  * down product, and the residual add + the next layer's input norm (the model's final norm
  * after the last layer). What goes is the Python between them: seven calls a layer, each
@@ -14,12 +14,13 @@
  *
  * work: one buffer for a step's intermediates, n * ((H + 2 KV) D + H D + C + 3 I) bf16.
  * kc[l], vc[l]: layer l's key and value caches (n, KV, T, D). Returns 0, or -1 when a
- * product refused (no AMX in this build or process: nothing past that layer is written). */
+ * product refused (no such ISA in this build or process: nothing past that layer is
+ * written). */
 #include <stddef.h>
 #include <stdint.h>
 
-int amx_linear_bf16(const uint16_t* x, long M, long K, const uint16_t* packed, long N,
-                    const uint16_t* bias, uint16_t* y);
+int packed_linear_bf16(int isa, const uint16_t* x, long M, long K, const uint16_t* packed,
+                       long N, const uint16_t* bias, uint16_t* y);
 void decode_rope_attention_bf16(const uint16_t* qkv, long qkv_row, int H, int KV, int D,
                                 const uint16_t* cos, const uint16_t* sin, const int64_t* pos,
                                 uint16_t* kc, uint16_t* vc, long T, long slot,
@@ -39,7 +40,7 @@ typedef struct {
     float eps1, eps2;
 } decode_layer_bf16;
 
-int decode_layers_bf16(const decode_layer_bf16* layers, int L, const uint16_t* norm_w,
+int decode_layers_bf16(int isa, const decode_layer_bf16* layers, int L, const uint16_t* norm_w,
                        float norm_eps, int n, int C, int H, int KV, int D, int I, uint16_t* x,
                        uint16_t* h, uint16_t* work, const uint16_t* cos, const uint16_t* sin,
                        const int64_t* pos, uint16_t* const* kc, uint16_t* const* vc, long T,
@@ -54,14 +55,14 @@ int decode_layers_bf16(const decode_layer_bf16* layers, int L, const uint16_t* n
     decode_add_rms_bf16(x, NULL, layers[0].ln1, layers[0].eps1, h, n, C);
     for (int l = 0; l < L; l++) {
         const decode_layer_bf16* ly = layers + l;
-        if (amx_linear_bf16(h, n, C, ly->w[0], QKV, ly->b[0], qkv)) return -1;
+        if (packed_linear_bf16(isa, h, n, C, ly->w[0], QKV, ly->b[0], qkv)) return -1;
         decode_rope_attention_bf16(qkv, QKV, H, KV, D, cos, sin, pos, kc[l], vc[l], T, slot,
                                    mask, S, S, scale, att, gs, nc, P);
-        if (amx_linear_bf16(att, n, HD, ly->w[1], C, ly->b[1], y)) return -1;
+        if (packed_linear_bf16(isa, att, n, HD, ly->w[1], C, ly->b[1], y)) return -1;
         decode_add_rms_bf16(x, y, ly->ln2, ly->eps2, h, n, C);
-        if (amx_linear_bf16(h, n, C, ly->w[2], 2L * I, ly->b[2], gu)) return -1;
+        if (packed_linear_bf16(isa, h, n, C, ly->w[2], 2L * I, ly->b[2], gu)) return -1;
         decode_silu_mul_bf16(gu, act, n, I);
-        if (amx_linear_bf16(act, n, I, ly->w[3], C, ly->b[3], y)) return -1;
+        if (packed_linear_bf16(isa, act, n, I, ly->w[3], C, ly->b[3], y)) return -1;
         int last = l + 1 == L;
         decode_add_rms_bf16(x, y, last ? norm_w : layers[l + 1].ln1,
                             last ? norm_eps : layers[l + 1].eps1, h, n, C);

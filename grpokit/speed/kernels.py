@@ -1,7 +1,8 @@
 """C kernels for the decode loop (``decode_step.c``), the training attention
 (``attention_train.c``), the output layer's log-softmax (``head_softmax.c``; shared float
-helpers in ``kernel_math.h``), the training RMSNorm (``rms_norm.c``) and, on AMX CPUs, the
-decode loop's bf16 matrix products (``amx_linear.c``, :func:`amx_linear_packer`), compiled
+helpers in ``kernel_math.h``), the training RMSNorm (``rms_norm.c``) and, on CPUs with AMX
+or AVX512-BF16, the decode loop's bf16 matrix products (``amx_linear.c``,
+:func:`packed_linear_packer`), compiled
 on first use into one library with the machine's C compiler for the machine's own CPU, and
 loaded with ctypes.
 
@@ -135,8 +136,9 @@ def _declare(lib: ctypes.CDLL) -> None:
             fn.argtypes, fn.restype = args, None
     lib.amx_linear_ready.argtypes, lib.amx_linear_ready.restype = [], i
     lib.amx_pack_bf16.argtypes, lib.amx_pack_bf16.restype = [ptr, long_, long_, ptr], None
-    lib.amx_linear_bf16.argtypes = [ptr, long_, long_, ptr, long_, ptr, ptr]
-    lib.amx_linear_bf16.restype = i
+    lib.packed_linear_isa.argtypes, lib.packed_linear_isa.restype = [], i
+    lib.packed_linear_bf16.argtypes = [i, ptr, long_, long_, ptr, long_, ptr, ptr]
+    lib.packed_linear_bf16.restype = i
     lib.attention_forward_amx_bf16.argtypes = [ptr] * 4 + [long_, i, i, i, i, i, f, ptr]
     lib.attention_forward_amx_bf16.restype = i
     lib.dropout_keep.argtypes = [long_, ctypes.c_uint64, ctypes.c_uint64, ptr]
@@ -148,7 +150,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.attention_grad_scores_amx_bf16.argtypes = [ptr] * 6 + [long_, i, i, i, i, i, f,
                                                                 ptr, ptr]  # fmt: skip
     lib.attention_grad_scores_amx_bf16.restype = i
-    lib.decode_layers_bf16.argtypes = [ptr, i, ptr, f, i, i, i, i, i, i, ptr, ptr, ptr, ptr,
+    lib.decode_layers_bf16.argtypes = [i, ptr, i, ptr, f, i, i, i, i, i, i, ptr, ptr, ptr, ptr,
                                        ptr, ptr, ptr, ptr, long_, long_, ptr, long_, f, ptr,
                                        i, long_]  # fmt: skip
     lib.decode_layers_bf16.restype = i
@@ -240,13 +242,31 @@ def amx_products() -> bool:
     return lib is not None and _onednn_allows_amx() and bool(lib.amx_linear_ready())
 
 
-def amx_linear_packer():
-    """``(w, b) -> callable`` for the decode loop's bf16 products on AMX (``amx_linear.c``):
-    the weight (N, K) packed once into tiles, each call ``x (M, K) -> x w^T + b`` in bf16.
-    None where this machine, build or process has no AMX, oneDNN is capped below it, or the
-    kernels are off; the returned function gives None for a weight whose shape the kernel
-    does not take (K % 32, N % 16), and the caller keeps its own product for that one."""
-    if not amx_products():
+# The decode products on AVX512-BF16 where there is no AMX (or oneDNN is capped below it):
+# amx_linear.c's avx512_linear_bf16 (False: oneDNN's packed product, for comparisons).
+# Measured at 32 rows (AMD EPYC family 25 model 17, 2 threads, SmolLM2-135M's shapes):
+# 409-440 GFLOP/s against oneDNN's 309-410, the same 355 on the 49,152-row output layer.
+AVX512_PRODUCTS = True
+
+
+def packed_linear_isa() -> int:
+    """Where the decode loop's packed bf16 products run in this process: 2 on AMX
+    (:func:`amx_products`), 1 on AVX512-BF16, 0 nowhere (oneDNN's product stays)."""
+    if amx_products():
+        return 2
+    lib = _load()
+    return 1 if lib is not None and AVX512_PRODUCTS and lib.packed_linear_isa() >= 1 else 0
+
+
+def packed_linear_packer():
+    """``(w, b) -> callable`` for the decode loop's bf16 products (``amx_linear.c``) on AMX
+    or AVX512-BF16 (:func:`packed_linear_isa`): the weight (N, K) packed once into AMX's
+    tile layout (both read it), each call ``x (M, K) -> x w^T + b`` in bf16, summed in
+    float32. None where this machine, build or process has neither, or the kernels are off;
+    the returned function gives None for a weight whose shape the kernel does not take
+    (K % 32, N % 16), and the caller keeps its own product for that one."""
+    isa = packed_linear_isa()
+    if not isa:
         return None
     lib = _load()
 
@@ -264,17 +284,18 @@ def amx_linear_packer():
             x = x.contiguous()
             if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != k:
                 raise ValueError(
-                    f"amx_linear: x {tuple(x.shape)} {x.dtype} for a ({n}, {k}) bf16 weight"
+                    f"packed_linear: x {tuple(x.shape)} {x.dtype} for a ({n}, {k}) bf16 weight"
                 )
             y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
-            if x.shape[0] and lib.amx_linear_bf16(
-                x.data_ptr(), x.shape[0], k, packed.data_ptr(), n, bias_ptr, y.data_ptr()
+            if x.shape[0] and lib.packed_linear_bf16(
+                isa, x.data_ptr(), x.shape[0], k, packed.data_ptr(), n, bias_ptr, y.data_ptr()
             ):
-                raise RuntimeError("amx_linear_bf16 refused its arguments")
+                raise RuntimeError("packed_linear_bf16 refused its arguments")
             return y
 
         linear.keep = (packed, bias)  # alive as long as the callable; StepLayers reads them
         linear.shape = (n, k)
+        linear.isa = isa
         return linear
 
     return pack
@@ -447,13 +468,14 @@ class _DecodeLayer(ctypes.Structure):
 
 class StepLayers:
     """Every decoder layer of a bf16 decode step in one C call (``decode_layers.c``): the
-    kernels :class:`StepKernels` offers and the AMX products, in the order the per-layer loop
-    calls them (so the same values), without the seven Python calls a layer between them.
-    Made by :func:`step_layers` from layers whose four products are AMX-packed
-    (:func:`amx_linear_packer`'s callables)."""
+    kernels :class:`StepKernels` offers and the packed products (AMX or AVX512-BF16), in the
+    order the per-layer loop calls them (so the same values), without the seven Python calls
+    a layer between them. Made by :func:`step_layers` from layers whose four products are
+    packed ones of one kind (:func:`packed_linear_packer`'s callables)."""
 
     def __init__(self, lib, layers, norm_w, norm_eps: float, H: int, KV: int, D: int, inter: int):
         self._fn = lib.decode_layers_bf16
+        self.isa = layers[0].qkv.isa
         self.H, self.KV, self.D, self.I = H, KV, D, inter
         self.C = norm_w.shape[0]
         self.L = len(layers)
@@ -504,18 +526,18 @@ class StepLayers:
         vp = (ctypes.c_void_p * self.L)(*(t.data_ptr() for t in values))
         work = torch.empty(n * self._per_row, dtype=bf)
         if self._fn(
-            self._layers, self.L, self._norm[0], self._norm[1], n, C, self.H, self.KV, self.D,
+            self.isa, self._layers, self.L, self._norm[0], self._norm[1], n, C, self.H, self.KV, self.D,
             self.I, x.data_ptr(), h.data_ptr(), work.data_ptr(), cos.data_ptr(), sin.data_ptr(),
             pos.data_ptr(), kp, vp, k0.shape[2], slot, attend.data_ptr(), S, scale,
             chunks.starts.data_ptr(), chunks.count, chunks.prefix,
         ):  # fmt: skip
-            raise RuntimeError("decode_layers_bf16: an AMX product refused its arguments")
+            raise RuntimeError("decode_layers_bf16: a packed product refused its arguments")
 
 
 def step_layers(layers, norm_w, norm_eps: float, n_heads: int, n_kv: int, head_dim: int):
     """:class:`StepLayers` for these decoder layers (fastdecode's ``_Layer``: norms and
     packed products), or None where it does not apply: no library, or a product that is not
-    an AMX-packed bf16 one of the shape the layer's position needs."""
+    a packed bf16 one (of the first's kind) of the shape the layer's position needs."""
     lib = _load()
     if lib is None or not layers or norm_w.dtype != torch.bfloat16 or n_heads % n_kv:
         return None
@@ -533,7 +555,10 @@ def step_layers(layers, norm_w, norm_eps: float, n_heads: int, n_kv: int, head_d
     for ly in layers:
         prods = (ly.qkv, ly.o, ly.gu, ly.down)
         if any(
-            getattr(f, "shape", None) != s or not hasattr(f, "keep") for f, s in zip(prods, want)
+            getattr(f, "shape", None) != s
+            or not hasattr(f, "keep")
+            or getattr(f, "isa", None) != layers[0].qkv.isa
+            for f, s in zip(prods, want)
         ):
             return None
         if any(w.dtype != torch.bfloat16 or w.shape != (C,) or not w.is_contiguous()

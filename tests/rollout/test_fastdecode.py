@@ -462,9 +462,10 @@ def test_row_chunks_refuse_rows_they_cannot_share():
 
 
 def test_step_with_tile_sized_products_equals_the_model_forward():
-    """Shapes the AMX products take (K % 32, N % 16): on an AMX CPU every product of the step
-    runs there (amx_linear.c), elsewhere oneDNN's; logits equal the bf16 forward's."""
-    from grpokit.speed.kernels import amx_linear_packer
+    """Shapes the packed products take (K % 32, N % 16): on a CPU with AMX or AVX512-BF16
+    every product of the step runs there (amx_linear.c), elsewhere oneDNN's; logits equal
+    the bf16 forward's."""
+    from grpokit.speed.kernels import packed_linear_packer
 
     torch.manual_seed(0)
     shape = dict(
@@ -480,19 +481,20 @@ def test_step_with_tile_sized_products_equals_the_model_forward():
         torch.bfloat16,
         lambda got, ref, *_: torch.testing.assert_close(got, ref, atol=0.1, rtol=0.05),
     )
-    amx = amx_linear_packer() is not None
+    own = packed_linear_packer() is not None
     products = [f for ly in fast.layers for f in (ly.qkv, ly.o, ly.gu, ly.down)] + [fast.head]
-    assert all(hasattr(f, "keep") == amx for f in products)
+    assert all(hasattr(f, "keep") == own for f in products)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_all_layers_in_one_call_equal_the_per_layer_calls(kind, monkeypatch):
-    """Where every product is on AMX, a step's layers run in one C call (decode_layers.c):
-    the same kernels in the same order as the per-layer loop, so logits and the cache entries
-    written are bit-identical to it, rows sharing a prompt's slots included (Qwen2: q/k/v
-    biases). Without AMX there is no one-call path (``all_layers`` is None)."""
+    """Where every product is a packed one (AMX or AVX512-BF16), a step's layers run in one
+    C call (decode_layers.c): the same kernels in the same order as the per-layer loop, so
+    logits and the cache entries written are bit-identical to it, rows sharing a prompt's
+    slots included (Qwen2: q/k/v biases). Without either there is no one-call path
+    (``all_layers`` is None)."""
     import grpokit.speed.fastdecode as fd
-    from grpokit.speed.kernels import amx_linear_packer
+    from grpokit.speed.kernels import packed_linear_packer
 
     shape = dict(
         SHAPE, vocab_size=112, hidden_size=64, intermediate_size=128, num_attention_heads=4
@@ -513,9 +515,9 @@ def test_all_layers_in_one_call_equal_the_per_layer_calls(kind, monkeypatch):
         P = mask.shape[1] - 5
         fast = FastDecoder.build(model, P + 5)
         fast.rotary_tables(P + 5, torch.bfloat16)
-        if amx_linear_packer() is None:
+        if packed_linear_packer() is None:
             assert fast.all_layers is None
-            pytest.skip("no AMX here: the one-call path does not apply")
+            pytest.skip("no AMX or AVX512-BF16 here: the one-call path does not apply")
         assert fast.all_layers is not None
         chunks = fast.row_chunks(torch.tensor([0, 0, 1]), 3, P)
         tok, logits = torch.tensor([5, 17, 42]), []

@@ -332,54 +332,74 @@ def test_rms_norm_kernels_match_autograd_through_transformers_ops(dtype, shape):
     assert kernels.rms_norm_forward(x0, w0.bfloat16(), eps) is None
 
 
-def _has_amx() -> bool:
+def _has_flag(name: str) -> bool:
     try:
-        flags = open("/proc/cpuinfo").read()
+        return f" {name}" in open("/proc/cpuinfo").read()
     except OSError:
         return False
-    return " amx_bf16" in flags and " amx_tile" in flags
+
+
+def _has_amx() -> bool:
+    return _has_flag("amx_bf16") and _has_flag("amx_tile")
 
 
 @needs_cc
 @pytest.mark.parametrize("M", [1, 5, 16, 17, 32, 33, 70])
-@pytest.mark.parametrize("N, K, bias", [(960, 576, False), (48, 64, True), (16, 32, True)])
-def test_amx_products_match_float32_sums(M, N, K, bias):
-    """The decode loop's bf16 products on AMX (amx_linear.c): x w^T + b summed in float32,
-    rounded once to bf16; rows past 32 and a partial last group of rows included. On a CPU
-    without AMX the packer is None and the decoder keeps oneDNN."""
-    pack = kernels.amx_linear_packer()
-    if not _has_amx():
-        assert pack is None
-        pytest.skip("no AMX on this CPU: the products stay on oneDNN")
+@pytest.mark.parametrize(
+    "N, K, bias", [(960, 576, False), (48, 64, True), (16, 32, True), (80, 96, True)]
+)
+@pytest.mark.parametrize("isa", ["amx", "avx512"])
+def test_packed_products_match_float32_sums(M, N, K, bias, isa, monkeypatch):
+    """The decode loop's bf16 products (amx_linear.c) on AMX and on AVX512-BF16 (oneDNN
+    capped below AMX: the bf16 golden runs' setting): x w^T + b summed in float32, rounded
+    once to bf16; rows in the kernels' groups (AMX 32, AVX512 8 / 4 / 2 / 1), past them, and
+    column blocks in threes and the rest. Where the CPU lacks the ISA, there is no packer
+    (the decoder keeps oneDNN)."""
+    if isa == "avx512":
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    pack = kernels.packed_linear_packer()
+    have = _has_amx() if isa == "amx" else _has_flag("avx512_bf16")
+    if not have:
+        assert pack is None or (isa == "amx" and pack(*_w(N, K)).isa == 1)
+        pytest.skip(f"no {isa} bf16 products on this CPU")
     assert pack is not None
     gen = torch.Generator().manual_seed(M * 1000 + N)
     w = torch.randn(N, K, generator=gen).to(torch.bfloat16)
     x = torch.randn(M, K, generator=gen).to(torch.bfloat16)
     b = torch.randn(N, generator=gen).to(torch.bfloat16) if bias else None
-    got = pack(w, b)(x)
+    linear = pack(w, b)
+    assert linear.isa == (2 if isa == "amx" else 1)
+    got = linear(x)
     want = x.float() @ w.float().t() + (b.float() if bias else 0.0)
     assert got.dtype == torch.bfloat16 and got.shape == (M, N)
     # one bf16 rounding of a float32 sum: within half a bf16 unit of the exact value
     torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-3)
 
 
+def _w(N, K):
+    return torch.zeros(N, K, dtype=torch.bfloat16), None
+
+
 @needs_cc
-def test_amx_products_decline_what_they_do_not_take(monkeypatch):
-    pack = kernels.amx_linear_packer()
+def test_packed_products_decline_what_they_do_not_take(monkeypatch):
+    pack = kernels.packed_linear_packer()
     if pack is None:
-        pytest.skip("no AMX on this CPU")
+        pytest.skip("no AMX or AVX512-BF16 on this CPU")
     w = torch.zeros(48, 64, dtype=torch.bfloat16)
     assert pack(torch.zeros(40, 64, dtype=torch.bfloat16), None) is None  # N % 16
     assert pack(torch.zeros(48, 48, dtype=torch.bfloat16), None) is None  # K % 32
     assert pack(w.float(), None) is None
     assert pack(w, None)(torch.zeros(0, 64, dtype=torch.bfloat16)).shape == (0, 48)  # no rows
-    with pytest.raises(ValueError, match="amx_linear"):
+    with pytest.raises(ValueError, match="packed_linear"):
         pack(w, None)(torch.zeros(2, 32, dtype=torch.bfloat16))
-    # oneDNN capped below AMX (the bf16 golden runs): the decode products stay on oneDNN
+    # oneDNN capped below AMX (the bf16 golden runs): the decode products stay off AMX
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-    assert kernels.amx_linear_packer() is None
+    assert kernels.packed_linear_isa() == 1
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
-    assert kernels.amx_linear_packer() is not None
+    assert kernels.packed_linear_isa() == (2 if _has_amx() else 1)
+    monkeypatch.setattr(kernels, "AVX512_PRODUCTS", False)  # the switch for comparisons
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    assert kernels.packed_linear_packer() is None
 
 
 @needs_cc
