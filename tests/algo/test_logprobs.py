@@ -208,6 +208,27 @@ def test_low_precision_forward_chunks_change_no_value(monkeypatch, entropy_grad)
         assert torch.equal(a, b)
 
 
+def test_forward_chunks_are_even_so_no_short_product_rereads_the_head(monkeypatch):
+    """37 tokens at 16 a chunk run as 13 + 13 + 11, not 16 + 16 + 5: a short last chunk's
+    product reads the whole (V, H) weight as a full one does (2,048 tokens at 682 a chunk
+    were 682 x 3 + 2). The values are those of one chunk over every token, bit for bit."""
+    import grpokit.algo.logprobs as mod
+
+    g = torch.Generator().manual_seed(5)
+    N, H, V = 37, 16, 300
+    h, w = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g) * 0.3
+    t = torch.randint(0, V, (N,), generator=g)
+    want, _ = mod.linear_logprobs(h, w, t, compute_dtype=torch.bfloat16, chunk_tokens=N)
+    monkeypatch.setattr(mod, "LOW_PRECISION_FORWARD_BUDGET", 4 * V * 16)  # 16 a chunk
+    sizes, orig = [], mod._chunk_forward
+    monkeypatch.setattr(
+        mod, "_chunk_forward", lambda hc, *a: sizes.append(hc.shape[0]) or orig(hc, *a)
+    )
+    got, _ = mod.linear_logprobs(h, w, t, compute_dtype=torch.bfloat16)
+    assert sizes == [13, 13, 11]
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("rows", [7, 4096])
 def test_weight_grad_in_vocabulary_blocks_equals_the_whole_product(rows, monkeypatch):
     """The head's weight gradient from the kept softmax, computed a block of vocabulary rows
