@@ -1,7 +1,7 @@
 /* A decode step's decoder layers in one call, for grpokit's decode loop where every product of
- * the layers runs on AMX or AVX512-BF16 (isa 2 or 1, amx_linear.c; grpokit/speed/fastdecode.py, FastDecoder._step_kernels;
- * grpokit/speed/kernels.py builds and loads this file with the others and checks every
- * shape before calling).
+ * the layers is a packed one on AMX or AVX512-BF16 (isa 2 or 1, amx_linear.c;
+ * grpokit/speed/fastdecode.py, FastDecoder._step_kernels; grpokit/speed/kernels.py builds
+ * and loads this file with the others and checks every shape before calling).
  *
  * The same kernels in the same order as the per-layer Python loop it replaces, so the values
  * are bit-identical to it: before the first layer its input norm; per layer the fused q/k/v

@@ -2,9 +2,8 @@
 (``attention_train.c``), the output layer's log-softmax (``head_softmax.c``; shared float
 helpers in ``kernel_math.h``), the training RMSNorm (``rms_norm.c``) and, on CPUs with AMX
 or AVX512-BF16, the decode loop's bf16 matrix products (``amx_linear.c``,
-:func:`packed_linear_packer`), compiled
-on first use into one library with the machine's C compiler for the machine's own CPU, and
-loaded with ctypes.
+:func:`packed_linear_packer`), compiled on first use into one library with the machine's C
+compiler for the machine's own CPU, and loaded with ctypes.
 
 Why: a decode step of SmolLM2-135M at 32 rows does a few ms of matrix products, and around
 them ~20 small torch operations a layer (norms, rotary, cache writes, attention, SiLU,
