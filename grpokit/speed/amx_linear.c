@@ -39,6 +39,7 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
     defined(__x86_64__) && defined(__linux__)
 #define HAVE_AMX 1
+#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif

@@ -48,7 +48,6 @@ adapter.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import types
 
@@ -57,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from grpokit.speed import kernels
-from grpokit.speed.rotary import lean_rotary, walked_modules
+from grpokit.speed.rotary import lean_rotary, same_function, walked_modules
 from grpokit.speed.weights import linear_parts
 
 # RMSNorm through the C kernels where they build and apply (False: torch's operations; for
@@ -860,10 +859,6 @@ def _llama_forward(name: str):
 _SAME_CODE: dict = {}  # (a class's forward, ref) -> whether their code is the same
 
 
-def _code_key(code) -> tuple:
-    return code.co_code, code.co_names, code.co_consts
-
-
 def _same_code(mod, ref) -> bool:
     """Whether ``mod``'s class runs exactly ``ref``'s forward (bytecode, names, constants);
     remembered per (forward function, ``ref``): a LoRA model has thousands of modules, and
@@ -873,11 +868,8 @@ def _same_code(mod, ref) -> bool:
         return False
     key = (fwd, ref)
     hit = _SAME_CODE.get(key)
-    if hit is None:
-        code = getattr(inspect.unwrap(fwd), "__code__", None)
-        r = inspect.unwrap(ref).__code__  # (under decorators such as deprecate_kwarg)
-        hit = code is not None and _code_key(code) == _code_key(r)
-        _SAME_CODE[key] = hit
+    if hit is None:  # (under decorators such as deprecate_kwarg)
+        hit = _SAME_CODE[key] = same_function(fwd, ref)
     return hit
 
 

@@ -92,7 +92,7 @@ def _llama_rotary():
     return getattr(modeling_llama, "apply_rotary_pos_emb", None)
 
 
-def _same_function(fn, ref) -> bool:
+def same_function(fn, ref) -> bool:
     """Whether ``fn`` is exactly ``ref`` (bytecode, names, constants; under decorators)."""
     a = getattr(inspect.unwrap(fn), "__code__", None)
     b = getattr(inspect.unwrap(ref), "__code__", None)
@@ -122,7 +122,7 @@ def rotary_modules(model) -> list:
         fn = getattr(mod, "apply_rotary_pos_emb", None) if mod is not None else None
         if fn is None or hasattr(fn, "grpokit_original") or id(mod) in found:
             continue
-        if ref is not None and _same_function(fn, ref):
+        if ref is not None and same_function(fn, ref):
             found[id(mod)] = mod
     return list(found.values())
 
