@@ -1,5 +1,6 @@
 """The decode-attention C kernel (grpokit/speed/kernels.py) against torch's attention."""
 
+import ctypes
 import shutil
 
 import pytest
@@ -374,6 +375,15 @@ def test_packed_products_match_float32_sums(M, N, K, bias, isa, monkeypatch):
     assert got.dtype == torch.bfloat16 and got.shape == (M, N)
     # one bf16 rounding of a float32 sum: within half a bf16 unit of the exact value
     torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-3)
+    if isa == "amx":  # the weights' prefetch (any distance, past the end too) moves no value
+        ahead = ctypes.c_int.in_dll(kernels._load(), "amx_prefetch")
+        assert ahead.value == 2
+        try:
+            for d in (0, 1, 40):
+                ahead.value = d
+                assert torch.equal(linear(x), got)
+        finally:
+            ahead.value = 2
 
 
 def _w(N, K):
