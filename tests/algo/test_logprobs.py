@@ -247,11 +247,11 @@ def test_weight_grad_in_vocabulary_blocks_equals_the_whole_product(rows, monkeyp
 
 
 def test_weight_grad_blocks_through_a_transpose_give_the_same_gradient(monkeypatch):
-    """With ``transpose`` each vocabulary block of the kept softmax is copied transposed
-    before its product: every block goes through it once (the short last one too), and the
-    gradient is the same dot products (float32 sums in the product's own order: close to
-    the float64 value as the plain product is). A transpose that declines (None) leaves the
-    plain product."""
+    """With ``transpose`` the product reads plain operands: ``hg`` turned once, each
+    vocabulary block of the kept softmax as it lies (a column slice), and each block's (H,
+    rows) product turned back: the short last block too, and the gradient is the same dot
+    products (float32 sums in the product's own order: close to the float64 value as the
+    plain product is). A transpose that declines (None) leaves the plain product."""
     from grpokit.algo import logprobs as LP
 
     monkeypatch.setattr(LP, "WEIGHT_GRAD_ROWS", 40)
@@ -265,9 +265,13 @@ def test_weight_grad_blocks_through_a_transpose_give_the_same_gradient(monkeypat
         return a.t().contiguous()
 
     got = LP._weight_grad(q, hg, torch.float32, transpose)
-    assert seen == [((150, 40), (101, 1)), ((150, 40), (101, 1)), ((150, 21), (101, 1))]
+    assert seen == [((150, 24), (24, 1)), ((24, 40), (40, 1)), ((24, 40), (40, 1)),
+                    ((24, 21), (21, 1))]  # fmt: skip
     exact = q.double().t() @ hg.double()
     plain = LP._weight_grad(q, hg, torch.float32)
     torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(got, plain, rtol=1e-2, atol=1e-2)
     assert torch.equal(LP._weight_grad(q, hg, torch.float32, lambda a: None), plain)
+    # a transpose that turns hg but declines the blocks: their products turned by torch
+    half = LP._weight_grad(q, hg, torch.float32, lambda a: a.t().contiguous() if a is hg else None)
+    torch.testing.assert_close(half, plain, rtol=1e-2, atol=1e-2)
