@@ -34,17 +34,29 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ROWS 4 /* query rows a block */
 #define LANES 16 /* keys a block: one AVX-512 float32 vector, two AVX2 ones */
 
 #include "kernel_math.h"
 
-/* One past the last key row i of the mask attends (N when mask is NULL). */
+/* One past the last key row i of the mask attends (N when mask is NULL). Eight mask bytes
+ * at a time from the end (a causal row of a completion ends in up to ~130 masked keys): the
+ * byte-by-byte loop it replaces was ~35% of the AMX forward's samples (perf, config (a)'s
+ * training, Intel Xeon family 6 model 167). The highest nonzero byte of a little-endian word
+ * is the last attended key in it. */
 static long attended_end(const uint8_t* mh, long i, long N) {
     long last = N;
-    if (mh)
-        while (last > 0 && !mh[i * N + last - 1]) last--;
+    if (!mh) return N;
+    const uint8_t* row = mh + i * N;
+    while (last >= 8) {
+        uint64_t w;
+        memcpy(&w, row + last - 8, 8);
+        if (w) return last - 8 + (63 - __builtin_clzll(w)) / 8 + 1;
+        last -= 8;
+    }
+    while (last > 0 && !row[last - 1]) last--;
     return last;
 }
 
