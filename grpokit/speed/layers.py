@@ -806,28 +806,53 @@ FROZEN_CASTS = True
 
 
 def frozen_linears(model) -> list[torch.nn.Module]:
-    """``model``'s plain ``nn.Linear`` layers on CPU whose float32 weight is not trained (a
-    LoRA adapter's base layers, a frozen reference), for :func:`_frozen_cast_forward`."""
+    """``model``'s plain ``nn.Linear`` layers on CPU whose floating weight is not trained (a
+    LoRA adapter's base layers, a frozen reference: float32, or lowered to bf16 by
+    ``speed.weights.lower_frozen_linears``), for :func:`_frozen_cast_forward`."""
     return [
         m
         for m in walked_modules(model)
         if type(m) is torch.nn.Linear
         and not m.weight.requires_grad
-        and m.weight.dtype == torch.float32
+        and m.weight.is_floating_point()
         and m.weight.device.type == "cpu"
     ]
 
 
+# Inside lean_layers: the last input a frozen layer cast under autocast without grad, with its
+# cast ((x, version, cast) or None): q, k and v (and gate and up) read one input, each of
+# them cast it (False: a cast a layer; for comparisons)
+SHARED_INPUT_CASTS = True
+_INPUT_CAST: list = []
+
+
+def _input_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)``; without grad, inside :func:`lean_layers`, the cast made for the same
+    unchanged ``x`` by the last frozen layer that read it (the same values). With grad each
+    layer's own cast stays (autograd sums their gradients in float32)."""
+    if torch.is_grad_enabled() or not _INPUT_CAST or not SHARED_INPUT_CASTS:
+        return x.to(dtype)
+    last = _INPUT_CAST[-1]
+    if last is not None and last[0] is x and last[1] == x._version and last[2].dtype == dtype:
+        return last[2]
+    c = x.to(dtype)
+    _INPUT_CAST[-1] = (x, x._version, c)
+    return c
+
+
 def _frozen_cast_forward(self, x):
     """``nn.Linear.forward`` of a frozen layer with, under CPU autocast, its weight's kept
-    cast (:func:`_cast`): the same values, the same product."""
+    cast (:func:`_cast`) and, without grad, its input's cast shared with the layers before it
+    that read the same input (:func:`_input_cast`; a reference forward cast each layer
+    normed input five times a layer: ~45 ms of config (a)'s reference pass): the same
+    values, the same product."""
     dev = x.device.type
     if not torch.is_autocast_enabled(dev) or not x.is_floating_point():
         return F.linear(x, self.weight, self.bias)
     dt = torch.get_autocast_dtype(dev)
     b = None if self.bias is None else self.bias.to(dt)
     with torch.autocast(dev, enabled=False):
-        return F.linear(x.to(dt), _cast(self.weight, dt), b)
+        return F.linear(_input_cast(x, dt), _cast(self.weight, dt), b)
 
 
 def _lean_norm_forward(self, hidden_states):
@@ -989,10 +1014,12 @@ def lean_layers(model, enabled: bool = True, grad: bool = True):
     for m, fwd in swaps:
         m.forward = types.MethodType(fwd, m)
     _CASTS.append(_STEP_CASTS[-1] if _STEP_CASTS else {})
+    _INPUT_CAST.append(None)
     try:
         with lean_rotary(mods, enabled) as n_rotary:
             yield len(swaps) + n_rotary
     finally:
         _CASTS.pop()
+        _INPUT_CAST.pop()
         for m, _ in swaps:
             m.__dict__.pop("forward", None)

@@ -530,6 +530,59 @@ def test_frozen_linear_casts_once_and_again_after_a_change():
     assert "forward" not in model[0].__dict__  # the layer is itself again after the block
 
 
+def test_frozen_layers_reading_one_input_share_its_cast_without_grad(monkeypatch):
+    """Frozen layers (float32, or lowered to bf16 as the reference is) reading one input under
+    bf16 autocast without grad: one cast of the input for all of them (q/k/v, gate/up), the
+    same outputs as autocast's bit for bit; a changed input is cast again; with grad each
+    layer casts its own (their float32 gradients are summed)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and args[0].shape == (5, 48):
+                Casts.n += 1
+            return func(*args, **(kwargs or {}))
+
+    class Two(torch.nn.Module):
+        def __init__(self, dtype):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(48, 40), torch.nn.Linear(48, 8, bias=False)
+            self.to(dtype).requires_grad_(False)
+
+        def forward(self, x):
+            return self.a(x).sum() + self.b(x).sum()
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 48)
+    for dtype in (torch.bfloat16, torch.float32):
+        model = Two(dtype)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            want = model(x)
+        for shared, casts in ((True, 1), (False, 2)):
+            monkeypatch.setattr(layers, "SHARED_INPUT_CASTS", shared)
+            with lean_layers(model), torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+                model(x.clone())  # float32 weights: their casts made here, kept on them
+            with lean_layers(model), torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+                Casts.n = 0
+                with Casts():
+                    got = model(x)
+                assert torch.equal(got, want) and Casts.n == casts
+                x.mul_(1.0)  # changed in place (its version): cast again
+                with Casts():
+                    model(x)
+                assert Casts.n == 2 * casts
+        monkeypatch.setattr(layers, "SHARED_INPUT_CASTS", True)
+        xg = x.clone().requires_grad_()
+        with lean_layers(model), torch.autocast("cpu", torch.bfloat16):
+            Casts.n = 0
+            with Casts():
+                model(xg)
+            assert Casts.n == 2
+        assert not layers._INPUT_CAST
+
+
 def test_step_casts_one_cast_a_weight_for_all_micro_batches(monkeypatch):
     """Two micro-batches, each its own lean_layers block under bf16 autocast, accumulating
     gradients: inside ``step_casts`` the second block reuses the first block's cast of every
