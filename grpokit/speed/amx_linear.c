@@ -114,6 +114,7 @@ static inline void store_row(const float* s, const uint16_t* bias, uint16_t* y) 
  * distance of 1-3 alike, 4-8 less; Intel Xeon family 6 model 167, 2 threads). 0: off (for
  * comparisons). */
 int amx_prefetch = 2;
+
 /* Columns of blocks b0 (and b0 + 1 when two) for the rows of x (16 * halves of them, the
  * real ones `rows`) into y's rows; sums float32 over the K chunks in order. */
 static void pair_group(const uint16_t* x, long K, const uint16_t* w0, long chunks, int two,

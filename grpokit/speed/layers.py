@@ -829,8 +829,9 @@ _INPUT_CAST: list = []
 def _input_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x.to(dtype)``; without grad, inside :func:`lean_layers`, the cast made for the same
     unchanged ``x`` by the last frozen layer that read it (the same values). With grad each
-    layer's own cast stays (autograd sums their gradients in float32)."""
-    if torch.is_grad_enabled() or not _INPUT_CAST or not SHARED_INPUT_CASTS:
+    layer's own cast stays (autograd sums their gradients in float32); an inference tensor
+    (no version counter to tell a change) is cast each time."""
+    if torch.is_grad_enabled() or not _INPUT_CAST or not SHARED_INPUT_CASTS or x.is_inference():
         return x.to(dtype)
     last = _INPUT_CAST[-1]
     if last is not None and last[0] is x and last[1] == x._version and last[2].dtype == dtype:

@@ -574,6 +574,8 @@ def test_frozen_layers_reading_one_input_share_its_cast_without_grad(monkeypatch
                     model(x)
                 assert Casts.n == 2 * casts
         monkeypatch.setattr(layers, "SHARED_INPUT_CASTS", True)
+        with lean_layers(model), torch.inference_mode(), torch.autocast("cpu", torch.bfloat16):
+            assert torch.equal(model(x.clone()), want)  # no version counter: cast each time
         xg = x.clone().requires_grad_()
         with lean_layers(model), torch.autocast("cpu", torch.bfloat16):
             Casts.n = 0
