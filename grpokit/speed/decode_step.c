@@ -43,7 +43,13 @@
 
 #include "kernel_math.h"
 
-/* Online-softmax state of up to MAX_Q float32 queries (row-major, MAX_D apart). */
+/* Online-softmax state of up to MAX_Q float32 queries (row-major, D apart). The queries, their
+ * sums and a block's float32 keys and values are all rows D apart, not MAX_D: with MAX_D apart a
+ * 64-wide head's rows sat 1 KiB apart in 160 KB of stack and fell on the same few L1 sets.
+ * (a)'s decode attention shapes (32 rows x 3 key/value heads x 3 queries, 40 prompt slots shared
+ * by 8 rows, 128 steps, 30 layers' caches), old .so against new in one process, alternating,
+ * outputs bit-identical: 0.960 -> 0.875 s a round (6 of 7 pairs lower; AMD EPYC family 25
+ * model 17, 2 threads). */
 #define MAX_Q 64
 
 /* DEFINE_ATTEND reads a block's keys, computes, then reads its values: one stream at a time
@@ -61,18 +67,18 @@ static inline void prefetch_row(const void* row, int bytes) {
     for (int x = 0; x < bytes; x += 64) __builtin_prefetch((const char*)row + x);
 }
 typedef struct {
-    float acc[MAX_Q][MAX_D], mx[MAX_Q], sum[MAX_Q];
+    float acc[MAX_Q * MAX_D], mx[MAX_Q], sum[MAX_Q]; /* query j's sums at acc + j D */
 } attn_state;
 
 static void state_init(attn_state* st, int nq, int D) {
     for (int j = 0; j < nq; j++) {
         st->mx[j] = -INFINITY;
         st->sum[j] = 0.f;
-        for (int d = 0; d < D; d++) st->acc[j][d] = 0.f;
+        for (int d = 0; d < D; d++) st->acc[j * D + d] = 0.f;
     }
 }
 
-/* Scores of nq queries against nk <= 16 keys (rows of kf, MAX_D apart, float32) when D is a
+/* Scores of nq queries against nk <= 16 keys (rows of kf, D apart, float32) when D is a
  * multiple of 16: each (query, key) pair's 16-lane partial products, then the 16 keys' sums
  * reduced together in four levels of shuffles and adds (pairs of halves, quarters, eighths,
  * lanes) instead of one horizontal sum per pair. After the levels, lane L holds the sum of
@@ -97,14 +103,14 @@ static v16f reduce16(v16f* a) {
     return __builtin_shuffle(u, (v16i){0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15});
 }
 
-static void scores16(float qf[][MAX_D], int nq, int D, float kf[][MAX_D], int nk, float* sc,
+static void scores16(const float* qf, int nq, int D, const float* kf, int nk, float* sc,
                      int sc_row) {
     for (int j = 0; j < nq; j++) {
         v16f part[16];
         for (int k = 0; k < 16; k++) part[k] = (v16f){0};
         for (int d = 0; d < D; d += 16) {
-            v16f q = *(const v16f*)(qf[j] + d);
-            for (int k = 0; k < 16; k++) part[k] += q * *(const v16f*)(kf[k] + d);
+            v16f q = *(const v16f*)(qf + j * D + d);
+            for (int k = 0; k < 16; k++) part[k] += q * *(const v16f*)(kf + k * D + d);
         }
         v16f out = reduce16(part);
         for (int k = 0; k < nk; k++) sc[j * sc_row + k] = out[k];
@@ -132,14 +138,14 @@ static inline float block_max(const float* s) {
 
 /* acc += sum over the nv value rows of p[slot[r]] * vf[r] (D a multiple of 16, D <= MAX_D):
  * the query's running sum stays in registers over the block's values. */
-static void values16(float* acc, int D, float vf[][MAX_D], int nv, const float* p,
+static void values16(float* acc, int D, const float* vf, int nv, const float* p,
                      const int* slot) {
     v16f a[MAX_D / 16];
     int nc = D / 16;
     for (int c = 0; c < nc; c++) a[c] = *(const v16f*)(acc + 16 * c);
     for (int r = 0; r < nv; r++) {
         float w = p[slot[r]];
-        for (int c = 0; c < nc; c++) a[c] += w * *(const v16f*)(vf[r] + 16 * c);
+        for (int c = 0; c < nc; c++) a[c] += w * *(const v16f*)(vf + r * D + 16 * c);
     }
     for (int c = 0; c < nc; c++) *(v16f*)(acc + 16 * c) = a[c];
 }
@@ -151,14 +157,15 @@ static void values16(float* acc, int D, float vf[][MAX_D], int nv, const float* 
  * last one's store) and each value row is read once for the four. The same sums in the same
  * order as values16. acc[i], p[i]: query i's sums and block weights; a missing query (fewer
  * than four left) points at scratch sums and zero weights. */
-static void values64x4(float* acc[4], const float* p[4], float vf[][MAX_D], int nv,
+static void values64x4(float* acc[4], const float* p[4], const float* vf, int nv,
                        const int* slot) {
     v16f a[4][4];
     _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++)
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[i][c] = *(const v16f*)(acc[i] + 16 * c);
     for (int r = 0; r < nv; r++) {
-        v16f v0 = *(const v16f*)vf[r], v1 = *(const v16f*)(vf[r] + 16);
-        v16f v2 = *(const v16f*)(vf[r] + 32), v3 = *(const v16f*)(vf[r] + 48);
+        const float* vr = vf + 64 * r;
+        v16f v0 = *(const v16f*)vr, v1 = *(const v16f*)(vr + 16);
+        v16f v2 = *(const v16f*)(vr + 32), v3 = *(const v16f*)(vr + 48);
         int s_ = slot[r];
         _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
             float w = p[i][s_];
@@ -172,7 +179,7 @@ static void values64x4(float* acc[4], const float* p[4], float vf[][MAX_D], int 
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) *(v16f*)(acc[i] + 16 * c) = a[i][c];
 }
 
-static void values64(float (*acc)[MAX_D], int nq, float vf[][MAX_D], int nv, float (*sc)[BLOCK],
+static void values64(float* acc, int nq, const float* vf, int nv, float (*sc)[BLOCK],
                      const int* slot) {
     static const float zeros[BLOCK];
     float scratch[64] __attribute__((aligned(64)));
@@ -180,7 +187,7 @@ static void values64(float (*acc)[MAX_D], int nq, float vf[][MAX_D], int nv, flo
         float* a[4];
         const float* p[4];
         for (int i = 0; i < 4; i++) {
-            a[i] = j + i < nq ? acc[j + i] : scratch;
+            a[i] = j + i < nq ? acc + (j + i) * 64 : scratch;
             p[i] = j + i < nq ? sc[j + i] : zeros;
         }
         values64x4(a, p, vf, nv, slot);
@@ -193,11 +200,12 @@ static void values64(float (*acc)[MAX_D], int nq, float vf[][MAX_D], int nv, flo
  * them. Called once over a row's slots, or over a shared prefix for every query of the rows
  * that share it and then over each row's own slots (the state carries across). */
 #define DEFINE_ATTEND(NAME, T_, LOAD)                                                         \
-static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,               \
+static void NAME(const float* qf, int nq, int D, const T_* kb, const T_* vb,                \
                  const uint8_t* m, long s_begin, long S, attn_state* st, int j0) {            \
-    float sc[MAX_Q][BLOCK], kf[MAX_D], vf[MAX_D], kblk[BLOCK][MAX_D];                         \
+    float sc[MAX_Q][BLOCK], kf[MAX_D], vf[MAX_D];                                             \
+    float kblk[BLOCK * MAX_D] __attribute__((aligned(64))); /* rows D apart */              \
     int slot[BLOCK];                                                                          \
-    float (*acc)[MAX_D] = st->acc + j0;                                                       \
+    float* acc = st->acc + j0 * D; /* query j's sums at acc + j D */                         \
     float* mx = st->mx + j0;                                                                  \
     float* sum = st->sum + j0;                                                                \
     for (long s0 = s_begin; s0 < S; s0 += BLOCK) {                                            \
@@ -208,16 +216,16 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
                 int on = b < nb && m[s0 + b];                                                 \
                 const T_* kr = kb + (s0 + b) * D;                                             \
                 if (on) {                                                                     \
-                    for (int d = 0; d < D; d++) kblk[b][d] = LOAD(kr[d]);                     \
+                    for (int d = 0; d < D; d++) kblk[b * D + d] = LOAD(kr[d]);                \
                     if (attend_prefetch) /* the slot's value row, read after the exps */      \
                         prefetch_row(vb + (s0 + b) * D, D * (int)sizeof(T_));                 \
                 } else                                                                        \
-                    for (int d = 0; d < D; d++) kblk[b][d] = 0.f;                             \
+                    for (int d = 0; d < D; d++) kblk[b * D + d] = 0.f;                        \
                 any |= on;                                                                    \
             }                                                                                 \
             if (!any) continue;                                                               \
             for (int b = 0; b < nb; b += 16)                                                  \
-                scores16(qf, nq, D, kblk + b, nb - b < 16 ? nb - b : 16, &sc[0][b], BLOCK);   \
+                scores16(qf, nq, D, kblk + b * D, nb - b < 16 ? nb - b : 16, &sc[0][b], BLOCK); \
             for (int b = 0; b < nb; b++)                                                      \
                 if (!m[s0 + b])                                                               \
                     for (int j = 0; j < nq; j++) sc[j][b] = -INFINITY;                        \
@@ -232,7 +240,7 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
             for (int d = 0; d < D; d++) kf[d] = LOAD(kr[d]);                                  \
             for (int j = 0; j < nq; j++) {                                                    \
                 float t = 0.f;                                                                \
-                for (int d = 0; d < D; d++) t += qf[j][d] * kf[d];                            \
+                for (int d = 0; d < D; d++) t += qf[j * D + d] * kf[d];                       \
                 sc[j][b] = t;                                                                 \
             }                                                                                 \
         }                                                                                     \
@@ -243,7 +251,7 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
             if (bm > mx[j]) { /* rescale what came before (exp(-inf) = 0 at the start) */     \
                 float r = exp_poly(mx[j] - bm);                                               \
                 sum[j] *= r;                                                                  \
-                for (int d = 0; d < D; d++) acc[j][d] *= r;                                   \
+                for (int d = 0; d < D; d++) acc[j * D + d] *= r;                              \
                 mx[j] = bm;                                                                   \
             }                                                                                 \
             float z = 0.f, mj = mx[j];                                                        \
@@ -259,7 +267,7 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
             for (int b = 0; b < nb; b++) {                                                    \
                 if (!m[s0 + b]) continue;                                                     \
                 const T_* vr = vb + (s0 + b) * D;                                             \
-                for (int d = 0; d < D; d++) kblk[nv][d] = LOAD(vr[d]);                        \
+                for (int d = 0; d < D; d++) kblk[nv * D + d] = LOAD(vr[d]);                   \
                 if (attend_prefetch && s0 + BLOCK + b < S) /* the next block's key row */     \
                     prefetch_row(kb + (s0 + BLOCK + b) * D, D * (int)sizeof(T_));             \
                 slot[nv++] = b;                                                               \
@@ -267,7 +275,7 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
             if (D == 64)                                                                      \
                 values64(acc, nq, kblk, nv, sc, slot);                                        \
             else                                                                              \
-                for (int j = 0; j < nq; j++) values16(acc[j], D, kblk, nv, sc[j], slot);      \
+                for (int j = 0; j < nq; j++) values16(acc + j * D, D, kblk, nv, sc[j], slot); \
             continue;                                                                         \
         }                                                                                     \
         for (int b = 0; b < nb; b++) {                                                        \
@@ -276,7 +284,7 @@ static void NAME(float qf[][MAX_D], int nq, int D, const T_* kb, const T_* vb,  
             for (int d = 0; d < D; d++) vf[d] = LOAD(vr[d]);                                  \
             for (int j = 0; j < nq; j++) {                                                    \
                 float p = sc[j][b];                                                           \
-                for (int d = 0; d < D; d++) acc[j][d] += p * vf[d];                           \
+                for (int d = 0; d < D; d++) acc[j * D + d] += p * vf[d];                      \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
@@ -288,7 +296,7 @@ static void NAME(const attn_state* st, int j0, int nq, int D, T_* ob) {         
     for (int j = 0; j < nq; j++) {                                                            \
         float s_ = st->sum[j0 + j];                                                           \
         float r = s_ > 0.f ? 1.f / s_ : 0.f; /* no slot attended: zeros */                    \
-        for (int d = 0; d < D; d++) ob[j * D + d] = STORE(st->acc[j0 + j][d] * r);            \
+        for (int d = 0; d < D; d++) ob[j * D + d] = STORE(st->acc[(j0 + j) * D + d] * r);     \
     }                                                                                         \
 }
 
@@ -298,11 +306,11 @@ void NAME(const T_* q, long q_row, const T_* k, const T_* v, const uint8_t* mask
     _Pragma("omp parallel for schedule(static)")                                              \
     for (long bh = 0; bh < (long)n * KV; bh++) {                                              \
         long i = bh / KV, h = bh % KV;                                                        \
-        float qf[MAX_G][MAX_D];                                                               \
+        float qf[MAX_G * MAX_D]; /* query j at qf + j D */                                    \
         attn_state st;                                                                        \
         const T_* qb = q + i * q_row + h * (long)g * D;                                       \
         for (int j = 0; j < g; j++)                                                           \
-            for (int d = 0; d < D; d++) qf[j][d] = LOAD(qb[j * D + d]) * scale;               \
+            for (int d = 0; d < D; d++) qf[j * D + d] = LOAD(qb[j * D + d]) * scale;          \
         state_init(&st, g, D);                                                                \
         ATTEND(qf, g, D, k + bh * T * D, v + bh * T * D, mask + i * mask_row, 0, S, &st, 0);  \
         FINISH(&st, 0, g, D, out + bh * (long)g * D);                                         \
@@ -333,7 +341,7 @@ void NAME(const T_* qkv, long qkv_row, int H, int KV, int D, const T_* cos, cons
     _Pragma("omp parallel for schedule(static)")                                              \
     for (long ch = 0; ch < (long)nc * KV; ch++) {                                             \
         long c = ch / KV, h = ch % KV, i0 = gs[c], i1 = gs[c + 1];                            \
-        float qf[MAX_Q][MAX_D], kr[MAX_D];                                                    \
+        float qf[MAX_Q * MAX_D], kr[MAX_D]; /* query j at qf + j D */                         \
         attn_state st;                                                                        \
         for (long i = i0; i < i1; i++) {                                                      \
             const T_* row = qkv + i * qkv_row;                                                \
@@ -349,7 +357,7 @@ void NAME(const T_* qkv, long qkv_row, int H, int KV, int D, const T_* cos, cons
                 vdst[d] = vsrc[d];                                                            \
             }                                                                                 \
             for (int j = 0; j < g; j++) {                                                     \
-                float* qj = qf[(i - i0) * g + j];                                             \
+                float* qj = qf + ((i - i0) * g + j) * D;                                      \
                 ROPE(row + (h * (long)g + j) * D, c_, s_, D, qj);                             \
                 for (int d = 0; d < D; d++) qj[d] *= scale;                                   \
             }                                                                                 \
@@ -362,8 +370,8 @@ void NAME(const T_* qkv, long qkv_row, int H, int KV, int D, const T_* cos, cons
         for (long i = i0; i < i1; i++) {                                                      \
             long bh = i * KV + h;                                                             \
             int j0 = (int)(i - i0) * g;                                                       \
-            ATTEND(qf + j0, g, D, kc + bh * T * D, vc + bh * T * D, mask + i * mask_row, Pc,  \
-                   S, &st, j0);                                                               \
+            ATTEND(qf + j0 * D, g, D, kc + bh * T * D, vc + bh * T * D, mask + i * mask_row,  \
+                   Pc, S, &st, j0);                                                           \
             FINISH(&st, j0, g, D, out + bh * (long)g * D);                                    \
         }                                                                                     \
     }                                                                                         \
