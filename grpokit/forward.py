@@ -162,15 +162,16 @@ class LogProbs:
         c_ids, c_mask = c_ids[:, :ck], c_mask[:, :ck]
         head = fused_head(model) if self.fused else None
         head_w = None if head is None else head_weight_arriving_last(model, head[1].weight)
+        # (transformers walks every module to answer this: once a forward)
+        checkpointed = is_checkpointing(model)
         shared = None
-        if self.share_prompts and not is_checkpointing(model):  # (no KV cache when checkpointed)
+        if self.share_prompts and not checkpointed:  # (no KV cache when checkpointed)
             shared = shared_prompts(p_ids, p_mask)
         if torch.is_grad_enabled():  # token positions the training forward computes
             u = n if shared is None else shared[0].numel()
             self.train_positions += u * (pk - 1) + n * (ck + 1)
         # one float mask per forward, not one per layer; checkpointed layers recompute
         # their forward in the backward, outside this block: they keep transformers' path
-        checkpointed = is_checkpointing(model)
         sharing = contextlib.nullcontext() if checkpointed else shared_mask_attention()
         # gated MLPs and LoRA dropout keep fewer tensors for the backward (speed/layers.py);
         # without grad, RMSNorm's C forward only
