@@ -456,6 +456,39 @@ def test_summed_as_float_adds_in_autograd_s_order_bit_for_bit():
 
 
 @needs_cc
+@pytest.mark.parametrize("shape", [(2125, 576), (7, 13), (3, 33)])
+def test_keep_times_bits_are_the_float_products(shape):
+    """bf16 ``x * keep`` bit for bit as the float product rounded back: a kept value is x, a
+    dropped one x's signed zero (-0 for a negative), a dropped infinity NaN, and NaN in comes
+    out quiet with its payload (x | 0x40) whatever the mask; any length (a tail past the last
+    32 values). float32 too."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g).bfloat16()
+    keep = (torch.rand(shape, generator=g) > 0.3).to(torch.uint8)
+    bits = x.view(torch.int16).view(-1)
+    special = [0x7F80, 0xFF80, 0x7F81, 0xFF81, 0x7FC0, 0x0000, 0x8000, 0xBFC0, 0x0001]
+    for at in (0, bits.numel() - len(special)):  # in the first 32 and in the tail
+        for i, v in enumerate(special):
+            bits[at + i] = v - (1 << 16) if v >= 1 << 15 else v
+        keep.view(-1)[at : at + len(special)] = torch.tensor(
+            [0, 0, 0, 1, 0, 0, 0, 0, 1][: len(special)]
+        )
+    got = kernels.keep_times(x, keep).view(torch.int16).view(-1).int() & 0xFFFF
+    u = x.view(torch.int16).view(-1).int() & 0xFFFF
+    k = keep.view(-1).bool()
+    mag = u & 0x7FFF
+    want = torch.where(k, u, u & 0x8000)
+    want = torch.where(~k & (mag == 0x7F80), torch.full_like(u, 0xFFC0), want)
+    want = torch.where(mag > 0x7F80, u | 0x40, want)
+    assert torch.equal(got, want)
+    product = (x.float() * keep.float()).bfloat16()
+    finite = ~product.isnan()
+    assert torch.equal(kernels.keep_times(x, keep)[finite], product[finite])
+    xf = torch.randn(shape, generator=g)
+    assert torch.equal(kernels.keep_times(xf, keep), xf * keep)
+
+
+@needs_cc
 def test_summed_as_float_with_masks_is_keep_times_then_the_sum():
     """With masks, each masked part is kernels.keep_times' ``p * keep`` (negative zeros
     included) before the same float32 sum, bit for bit; a mask of another shape or dtype is
