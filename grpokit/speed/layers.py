@@ -383,6 +383,7 @@ def _adapter_weight_grads(need, gh, g2, x2, keep, h, scale, dtypes) -> list:
         h2 = h.reshape(-1, h.shape[-1])
         if TRANSPOSED_B_GRAD:  # (h^T g)^T: see TRANSPOSED_B_GRAD
             gB = h2.t().mm(g2).t().mul_(scale)
+            # a copy laid out as B (.to() hands a bf16 B the transposed view itself)
             gB = torch.empty(gB.shape, dtype=dtypes[1], device=gB.device).copy_(gB)
         else:
             gB = g2.t().mm(h2).mul_(scale).to(dtypes[1])
